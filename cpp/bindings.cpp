@@ -1,0 +1,111 @@
+// selectinfer._native: a thin binding of engine.h. The Python API (python/selectinfer/model.py)
+// builds the user-facing Model on top of it.
+#include "engine.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+using namespace selectinfer;
+
+namespace {
+
+py::array_t<float> to_array(std::vector<float> && values, std::vector<py::ssize_t> shape) {
+    auto * heap = new std::vector<float>(std::move(values));
+    py::capsule owner(heap, [](void * p) { delete static_cast<std::vector<float> *>(p); });
+    return py::array_t<float>(shape, heap->data(), owner);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+    m.doc() = "selectinfer native engine (llama.cpp inside)";
+
+    py::register_exception<ModelLoadError>(m, "ModelLoadError", PyExc_ValueError);
+    py::register_exception<ContextOverflowError>(m, "ContextOverflowError", PyExc_ValueError);
+
+    m.def("llama_version", [] { return std::string(llama_version()); });
+    m.def("system_info", [] { return std::string(llama_print_system_info()); });
+    m.def("process_rss_bytes", &process_rss_bytes);
+    m.def("quantize_type_names", &quantize_type_names);
+    m.def("quantize_model", &quantize_model, py::arg("input_path"), py::arg("output_path"), py::arg("type_name"),
+          py::arg("n_threads") = 0, py::call_guard<py::gil_scoped_release>());
+
+    py::class_<ModelParams>(m, "ModelParams")
+        .def(py::init<>())
+        .def_readwrite("path", &ModelParams::path)
+        .def_readwrite("n_ctx", &ModelParams::n_ctx)
+        .def_readwrite("n_batch", &ModelParams::n_batch)
+        .def_readwrite("n_threads", &ModelParams::n_threads)
+        .def_readwrite("use_mmap", &ModelParams::use_mmap)
+        .def_readwrite("verbose", &ModelParams::verbose);
+
+    py::class_<SamplingParams>(m, "SamplingParams")
+        .def(py::init<>())
+        .def_readwrite("temperature", &SamplingParams::temperature)
+        .def_readwrite("top_k", &SamplingParams::top_k)
+        .def_readwrite("top_p", &SamplingParams::top_p)
+        .def_readwrite("seed", &SamplingParams::seed);
+    m.def("validate_sampling", &validate);
+    m.attr("RANDOM_SEED") = kRandomSeed;
+
+    py::class_<Stats>(m, "Stats")
+        .def_readonly("n_prefill_tokens", &Stats::n_prefill_tokens)
+        .def_readonly("prefill_ms", &Stats::prefill_ms)
+        .def_readonly("n_decode_tokens", &Stats::n_decode_tokens)
+        .def_readonly("decode_ms", &Stats::decode_ms)
+        .def_readonly("model_bytes", &Stats::model_bytes)
+        .def_readonly("rss_bytes", &Stats::rss_bytes)
+        .def_readonly("peak_rss_bytes", &Stats::peak_rss_bytes);
+
+    py::class_<Engine>(m, "Engine")
+        .def(py::init<const ModelParams &>(), py::call_guard<py::gil_scoped_release>())
+        .def("tokenize", &Engine::tokenize, py::arg("text"), py::arg("add_special"), py::arg("parse_special"))
+        .def("detokenize", &Engine::detokenize, py::arg("tokens"), py::arg("render_special") = false)
+        .def("token_piece",
+             [](const Engine & e, llama_token t, bool special) { return py::bytes(e.token_piece(t, special)); },
+             py::arg("token"), py::arg("render_special") = false)
+        .def("is_eog", &Engine::is_eog)
+        .def_property_readonly("n_vocab", &Engine::n_vocab)
+        .def_property_readonly("n_ctx", &Engine::n_ctx)
+        .def("apply_chat_template",
+             [](const Engine & e, const std::vector<std::pair<std::string, std::string>> & messages, bool add_assistant,
+                const std::string & tmpl) {
+                 std::vector<ChatMessage> msgs;
+                 for (const auto & [role, content] : messages) msgs.push_back({role, content});
+                 return e.apply_chat_template(msgs, add_assistant, tmpl);
+             },
+             py::arg("messages"), py::arg("add_assistant") = true, py::arg("template") = "")
+        .def("eval_prompt",
+             [](Engine & e, const std::vector<llama_token> & tokens, bool all_logits) {
+                 std::vector<float> logits;
+                 {
+                     py::gil_scoped_release release;
+                     logits = e.eval_prompt(tokens, all_logits);
+                 }
+                 py::ssize_t nv = e.n_vocab();
+                 if (all_logits) return to_array(std::move(logits), {(py::ssize_t) tokens.size(), nv});
+                 return to_array(std::move(logits), {nv});
+             },
+             py::arg("tokens"), py::arg("all_logits") = false)
+        .def("eval_token", &Engine::eval_token, py::call_guard<py::gil_scoped_release>())
+        .def("sample", &Engine::sample, py::call_guard<py::gil_scoped_release>())
+        .def("set_sampling", &Engine::set_sampling)
+        .def("clear", &Engine::clear)
+        .def("token_logprobs",
+             [](Engine & e, const std::vector<llama_token> & tokens) {
+                 std::vector<float> lp;
+                 {
+                     py::gil_scoped_release release;
+                     lp = e.token_logprobs(tokens);
+                 }
+                 py::ssize_t n = (py::ssize_t) lp.size();
+                 return to_array(std::move(lp), {n});
+             })
+        .def_property_readonly("history", &Engine::history)
+        .def("stats", &Engine::stats)
+        .def("reset_stats", &Engine::reset_stats)
+        .def("describe", &Engine::describe)
+        .def("meta", &Engine::meta);
+}

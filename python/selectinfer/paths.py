@@ -1,0 +1,38 @@
+"""Where selectinfer keeps downloaded and derived files."""
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+
+def cache_dir() -> Path:
+    """$SELECTINFER_CACHE_DIR, else $XDG_CACHE_HOME/selectinfer, else ~/.cache/selectinfer.
+
+    The build (cmake/llama_cpp_source.py) follows the same rule for the llama.cpp source.
+    """
+    if os.environ.get("SELECTINFER_CACHE_DIR"):
+        return Path(os.environ["SELECTINFER_CACHE_DIR"])
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "selectinfer"
+
+
+@contextmanager
+def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
+    """A temporary path beside `final` that becomes `final` only when the block succeeds.
+
+    Readers never see a half-written file, and a failure leaves nothing behind.
+    """
+    final = Path(final)
+    if not final.parent.is_dir():
+        raise FileNotFoundError(f"cannot write {final}: folder {final.parent} does not exist")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
