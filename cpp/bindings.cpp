@@ -39,6 +39,7 @@ PYBIND11_MODULE(_native, m) {
         .def_readwrite("n_batch", &ModelParams::n_batch)
         .def_readwrite("n_threads", &ModelParams::n_threads)
         .def_readwrite("use_mmap", &ModelParams::use_mmap)
+        .def_readwrite("flash_attn", &ModelParams::flash_attn)
         .def_readwrite("verbose", &ModelParams::verbose);
 
     py::class_<SamplingParams>(m, "SamplingParams")

@@ -44,6 +44,7 @@ const char * kUsage =
     "  -s,   --seed N              sampling seed, -1 = random (default -1)\n"
     "  -cnv, --conversation        chat mode: read user turns from stdin, one per line\n"
     "  -sys, --system-prompt TEXT  system message in chat mode\n"
+    "  -fa,  --flash-attn on|off|auto  flash attention (default auto)\n"
     "        --no-mmap             read the weights into memory instead of mapping the file\n"
     "  -v,   --verbose             show llama.cpp's log\n"
     "  -h,   --help                show this help\n";
@@ -92,6 +93,13 @@ CliArgs parse_args(int argc, char ** argv) {
         }
         else if (a == "-cnv" || a == "--conversation") args.conversation = true;
         else if (a == "-sys" || a == "--system-prompt") args.system_prompt = value(i);
+        else if (a == "-fa" || a == "--flash-attn") {
+            const std::string v = value(i);
+            if (v == "on") args.model.flash_attn = 1;
+            else if (v == "off") args.model.flash_attn = 0;
+            else if (v == "auto") args.model.flash_attn = -1;
+            else usage_error("invalid value '" + v + "' for " + a + " (on, off or auto)");
+        }
         else if (a == "--no-mmap") args.model.use_mmap = false;
         else if (a == "-v" || a == "--verbose") args.model.verbose = true;
         else if (a == "-h" || a == "--help") args.show_help = true;

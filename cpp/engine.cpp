@@ -14,11 +14,11 @@ namespace selectinfer {
 
 namespace {
 
-// llama.cpp reports load failures through its log; keep the last error line so that our
+// llama.cpp reports load failures through its log; keep this call's error lines so that our
 // exceptions can say why, and stay quiet otherwise unless the caller asked for verbosity.
 struct LogState {
     std::mutex  mutex;
-    std::string last_error;
+    std::string errors;  // error lines since the last take_last_error()
     bool        verbose = false;
     ggml_log_level last_level = GGML_LOG_LEVEL_NONE;
 };
@@ -33,27 +33,42 @@ void log_callback(ggml_log_level level, const char * text, void * /*user_data*/)
     std::lock_guard<std::mutex> lock(s.mutex);
     if (level == GGML_LOG_LEVEL_CONT) {
         level = s.last_level;
-    } else if (level == GGML_LOG_LEVEL_ERROR) {
-        s.last_error.clear();
     }
     s.last_level = level;
     if (level == GGML_LOG_LEVEL_ERROR) {
-        s.last_error += text;
+        s.errors += text;
     }
     if (s.verbose) {
         fputs(text, stderr);
     }
 }
 
+// The informative part of the logged errors: "func: error loading model: why" -> "why", the
+// generic "failed to load model" lines dropped, one line per distinct reason.
 std::string take_last_error() {
-    LogState & s = log_state();
-    std::lock_guard<std::mutex> lock(s.mutex);
-    std::string msg = s.last_error;
-    s.last_error.clear();
-    while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) {
-        msg.pop_back();
+    std::string errors;
+    {
+        LogState & s = log_state();
+        std::lock_guard<std::mutex> lock(s.mutex);
+        std::swap(errors, s.errors);
     }
-    return msg;
+    std::string out;
+    size_t start = 0;
+    while (start < errors.size()) {
+        size_t end = errors.find('\n', start);
+        if (end == std::string::npos) end = errors.size();
+        std::string line = errors.substr(start, end - start);
+        start = end + 1;
+        for (const char * prefix : {"error loading model: ", "llama_model_loader: "}) {
+            size_t at = line.find(prefix);
+            if (at != std::string::npos) line = line.substr(at + std::strlen(prefix));
+        }
+        size_t colon = line.find(": ");
+        if (colon != std::string::npos && line.find(' ') > colon) line = line.substr(colon + 2);  // "func: why"
+        if (line.empty() || line.rfind("failed to load model", 0) == 0 || out.find(line) != std::string::npos) continue;
+        out += (out.empty() ? "" : "; ") + line;
+    }
+    return out;
 }
 
 void init_backend_once(bool verbose) {
@@ -200,6 +215,8 @@ Engine::Engine(const ModelParams & params) : params_(params) {
     cp.n_threads       = params_.n_threads;
     cp.n_threads_batch = params_.n_threads;
     cp.no_perf         = true;
+    cp.flash_attn_type = params_.flash_attn < 0 ? LLAMA_FLASH_ATTN_TYPE_AUTO
+                       : params_.flash_attn == 0 ? LLAMA_FLASH_ATTN_TYPE_DISABLED : LLAMA_FLASH_ATTN_TYPE_ENABLED;
     ctx_ = llama_init_from_model(model_, cp);
     if (!ctx_) {
         std::string why = take_last_error();
@@ -262,7 +279,8 @@ bool Engine::is_eog(llama_token token) const { return llama_vocab_is_eog(vocab_,
 
 int32_t Engine::n_vocab() const { return llama_vocab_n_tokens(vocab_); }
 
-int32_t Engine::n_ctx() const { return (int32_t) llama_n_ctx(ctx_); }
+// The context the caller asked for; llama.cpp may round its KV cache up (to a multiple of 256).
+int32_t Engine::n_ctx() const { return std::min(params_.n_ctx, (int32_t) llama_n_ctx(ctx_)); }
 
 std::string Engine::apply_chat_template(const std::vector<ChatMessage> & messages, bool add_assistant,
                                         const std::string & tmpl) const {

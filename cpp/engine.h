@@ -33,6 +33,7 @@ struct ModelParams {
     int32_t  n_batch   = 512;
     int32_t  n_threads = 0;     // 0: all hardware threads
     bool     use_mmap  = true;
+    int32_t  flash_attn = -1;   // -1 auto (llama.cpp's default), 0 off, 1 on
     bool     verbose   = false; // pass llama.cpp's log through to stderr
 };
 

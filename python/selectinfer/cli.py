@@ -18,6 +18,16 @@ def _cmd_quantize(args: argparse.Namespace) -> None:
     print(registry.quantize(args.input, args.output, args.type, args.threads))
 
 
+def _cmd_bench(args: argparse.Namespace) -> None:
+    from .bench import format_table, run_bench
+
+    results = run_bench(args.models, n_prompt=args.n_prompt, n_gen=args.n_gen, repeats=args.repeats,
+                        n_threads=args.threads)
+    print(f"n_prompt {args.n_prompt}, n_gen {args.n_gen}, {args.repeats} interleaved rounds, "
+          f"threads {args.threads or 'all'}")
+    print(format_table(results))
+
+
 def _cmd_models(args: argparse.Namespace) -> None:
     for m in registry.MODELS.values():
         print(f"{m.name:16s} {m.package}=={m.version}  {m.description} ({m.license})")
@@ -45,6 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("type", help=", ".join(_native.quantize_type_names()))
     p.add_argument("-t", "--threads", type=int, default=0)
     p.set_defaults(func=_cmd_quantize)
+
+    p = sub.add_parser("bench", help="prefill/decode tokens/s of models side by side (medians, ratios)")
+    p.add_argument("models", nargs="+", help="GGUF files; ratios are against the first")
+    p.add_argument("-p", "--n-prompt", type=int, default=64)
+    p.add_argument("-n", "--n-gen", type=int, default=64)
+    p.add_argument("-r", "--repeats", type=int, default=5)
+    p.add_argument("-t", "--threads", type=int, default=0)
+    p.set_defaults(func=_cmd_bench)
 
     sub.add_parser("models", help="list the registry models").set_defaults(func=_cmd_models)
     sub.add_parser("info", help="llama.cpp version and CPU features").set_defaults(func=_cmd_info)

@@ -63,11 +63,13 @@ class Model:
         n_threads: CPU threads; 0 uses all hardware threads.
         seed: default sampling seed; -1 draws a fresh one for every generation.
         use_mmap: map the weights from the file instead of reading them into memory.
+        flash_attn: None lets llama.cpp decide (its default), True/False forces it on/off.
         verbose: let llama.cpp log to stderr.
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 2048, n_batch: int = 512,
-                 n_threads: int = 0, seed: int = -1, use_mmap: bool = True, verbose: bool = False):
+                 n_threads: int = 0, seed: int = -1, use_mmap: bool = True, flash_attn: bool | None = None,
+                 verbose: bool = False):
         self.model_path = os.fspath(model_path)
         if not os.path.isfile(self.model_path):
             raise FileNotFoundError(f"model file not found: {self.model_path} "
@@ -76,6 +78,7 @@ class Model:
         params.path = self.model_path
         params.n_ctx, params.n_batch, params.n_threads = n_ctx, n_batch, n_threads
         params.use_mmap, params.verbose = use_mmap, verbose
+        params.flash_attn = -1 if flash_attn is None else int(bool(flash_attn))
         self.seed = seed
         self._engine: _native.Engine | None = _native.Engine(params)
 

@@ -1,0 +1,88 @@
+"""Side-by-side speed benchmark: prefill and decode tokens/s of several GGUF models.
+
+Runs are interleaved (model A, model B, ..., then again) so that the noise of a shared machine
+falls on every model alike; the report gives medians and each model's ratio to the first.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .model import Model
+
+BENCH_TEXT = (
+    "The history of the city begins with a small settlement on the river, where traders met to exchange "
+    "grain, salt and cloth. Over the centuries the market grew into a town, the town into a city, and the "
+    "city into the capital of a kingdom whose roads reached every corner of the land. "
+)
+
+
+@dataclass
+class BenchResult:
+    path: str
+    description: str
+    model_bytes: int
+    prefill_tokens_per_s: list[float] = field(default_factory=list)
+    decode_tokens_per_s: list[float] = field(default_factory=list)
+
+    @property
+    def prefill_median(self) -> float:
+        return statistics.median(self.prefill_tokens_per_s)
+
+    @property
+    def decode_median(self) -> float:
+        return statistics.median(self.decode_tokens_per_s)
+
+
+def _prompt_tokens(model: Model, n_prompt: int) -> list[int]:
+    tokens = model.tokenize(BENCH_TEXT * (1 + n_prompt // 32))
+    return tokens[:n_prompt]
+
+
+def _one_run(model: Model, prompt: list[int], n_gen: int) -> tuple[float, float]:
+    """Prefill `prompt`, then exactly n_gen greedy decode steps (end-of-text is ignored)."""
+    engine = model.engine
+    engine.clear()
+    model.reset_stats()
+    engine.eval_prompt(prompt, False)
+    for _ in range(n_gen):
+        engine.eval_token(engine.sample())
+    s = model.stats()
+    return s["prefill_tokens_per_s"], s["decode_tokens_per_s"]
+
+
+def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, repeats: int = 5,
+              n_threads: int = 0) -> list[BenchResult]:
+    if n_prompt < 1 or n_gen < 1 or repeats < 1:
+        raise ValueError("n_prompt, n_gen and repeats must be >= 1")
+    models = [Model(p, n_ctx=n_prompt + n_gen + 8, n_batch=max(n_prompt, 32), n_threads=n_threads) for p in paths]
+    try:
+        results = [BenchResult(str(p), m.engine.describe(), m.stats()["model_bytes"]) for p, m in zip(paths, models)]
+        prompts = [_prompt_tokens(m, n_prompt) for m in models]
+        for m, prompt in zip(models, prompts):  # warm-up: page in the weights, fill caches
+            m._set_sampling(0, 0, 1.0, 0)
+            _one_run(m, prompt, 4)
+        for _ in tqdm(range(repeats), desc="bench", unit="round", leave=False):
+            for m, prompt, r in zip(models, prompts, results):
+                prefill, decode = _one_run(m, prompt, n_gen)
+                r.prefill_tokens_per_s.append(prefill)
+                r.decode_tokens_per_s.append(decode)
+        return results
+    finally:
+        for m in models:
+            m.close()
+
+
+def format_table(results: list[BenchResult]) -> str:
+    base = results[0]
+    lines = [
+        "| model | weights MiB | prefill tok/s (median) | decode tok/s (median) | decode vs first |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(f"| {Path(r.path).name} ({r.description}) | {r.model_bytes / 2**20:.1f} | {r.prefill_median:.1f} "
+                     f"| {r.decode_median:.1f} | {r.decode_median / base.decode_median:.2f}x |")
+    return "\n".join(lines)

@@ -1,0 +1,123 @@
+"""An independent numpy forward pass of llama/qwen2 GGUF models, in float64.
+
+It reads the GGUF with the gguf package (dequantizing with gguf.quants), not with the engine, and
+follows the llama.cpp graph semantics: RMSNorm, RoPE (adjacent pairs for llama, halves for
+qwen2/NeoX), causal grouped-query attention, SwiGLU FFN, tied or separate output matrix.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+
+@dataclass
+class ReferenceModel:
+    arch: str
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    rope_base: float
+    eps: float
+    weights: dict[str, np.ndarray]
+
+    @classmethod
+    def load(cls, path) -> "ReferenceModel":
+        reader = GGUFReader(str(path))
+        arch = _field(reader, "general.architecture")
+        weights = {}
+        for t in reader.tensors:
+            shape = tuple(int(d) for d in reversed(t.shape))  # ggml ne -> numpy (rows, cols)
+            weights[t.name] = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(shape)
+        return cls(
+            arch=arch,
+            n_layer=int(_field(reader, f"{arch}.block_count")),
+            n_head=int(_field(reader, f"{arch}.attention.head_count")),
+            n_head_kv=int(_field(reader, f"{arch}.attention.head_count_kv")),
+            rope_base=float(_field(reader, f"{arch}.rope.freq_base")),
+            eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+            weights=weights,
+        )
+
+    def forward(self, tokens: list[int]) -> np.ndarray:
+        """Logits after each token: shape (len(tokens), n_vocab)."""
+        w = self.weights
+        x = w["token_embd.weight"][np.asarray(tokens)]
+        positions = np.arange(len(tokens))
+        for i in range(self.n_layer):
+            p = f"blk.{i}."
+            x = x + self._attention(rms_norm(x, w[p + "attn_norm.weight"], self.eps), p, positions)
+            h = rms_norm(x, w[p + "ffn_norm.weight"], self.eps)
+            x = x + self.ffn(h, i)
+        x = rms_norm(x, w["output_norm.weight"], self.eps)
+        out = w.get("output.weight", w["token_embd.weight"])
+        return x @ out.T
+
+    def ffn_activations(self, h: np.ndarray, layer: int) -> np.ndarray:
+        """Input of the down projection, act(gate(h)) * up(h): shape (tokens, n_ff)."""
+        p = f"blk.{layer}."
+        gate = h @ self.weights[p + "ffn_gate.weight"].T
+        up = h @ self.weights[p + "ffn_up.weight"].T
+        return silu(gate) * up
+
+    def ffn(self, h: np.ndarray, layer: int) -> np.ndarray:
+        return self.ffn_activations(h, layer) @ self.weights[f"blk.{layer}.ffn_down.weight"].T
+
+    def _attention(self, h: np.ndarray, p: str, positions: np.ndarray) -> np.ndarray:
+        w = self.weights
+        n_tok = h.shape[0]
+
+        def proj(name: str, n_heads: int) -> np.ndarray:
+            y = h @ w[p + f"attn_{name}.weight"].T
+            if p + f"attn_{name}.bias" in w:
+                y = y + w[p + f"attn_{name}.bias"]
+            return y.reshape(n_tok, n_heads, -1)
+
+        q, k, v = proj("q", self.n_head), proj("k", self.n_head_kv), proj("v", self.n_head_kv)
+        neox = self.arch == "qwen2"
+        q, k = rope(q, positions, self.rope_base, neox), rope(k, positions, self.rope_base, neox)
+        group = self.n_head // self.n_head_kv
+        head_dim = q.shape[-1]
+        mask = np.triu(np.full((n_tok, n_tok), -np.inf), k=1)
+        out = np.empty_like(q)
+        for hq in range(self.n_head):
+            hk = hq // group
+            scores = q[:, hq] @ k[:, hk].T / np.sqrt(head_dim) + mask
+            scores = np.exp(scores - scores.max(axis=1, keepdims=True))
+            out[:, hq] = (scores / scores.sum(axis=1, keepdims=True)) @ v[:, hk]
+        return out.reshape(n_tok, -1) @ w[p + "attn_output.weight"].T
+
+
+def _field(reader: GGUFReader, key: str):
+    field = reader.get_field(key)
+    if field is None:
+        raise KeyError(key)
+    return field.contents()
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def rope(x: np.ndarray, positions: np.ndarray, base: float, neox: bool) -> np.ndarray:
+    """x: (tokens, heads, head_dim). Rotates pairs (2i, 2i+1), or (i, i + d/2) in NeoX mode."""
+    d = x.shape[-1]
+    theta = positions[:, None] * base ** (-np.arange(0, d, 2) / d)  # (tokens, d/2)
+    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    if neox:
+        a, b = x[..., : d // 2], x[..., d // 2:]
+    else:
+        a, b = x[..., 0::2], x[..., 1::2]
+    ra, rb = a * cos - b * sin, a * sin + b * cos
+    out = np.empty_like(x)
+    if neox:
+        out[..., : d // 2], out[..., d // 2:] = ra, rb
+    else:
+        out[..., 0::2], out[..., 1::2] = ra, rb
+    return out

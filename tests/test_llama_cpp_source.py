@@ -1,0 +1,89 @@
+"""The build's source step (cmake/llama_cpp_source.py): pinned sdist, ordered patch series, cache."""
+import importlib.util
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("llama_cpp_source", REPO / "cmake" / "llama_cpp_source.py")
+src = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(src)
+
+PATCH_1 = """--- a/ggml/a.txt
++++ b/ggml/a.txt
+@@ -1,3 +1,3 @@
+ one
+-two
++TWO
+ three
+"""
+# applies only on top of PATCH_1 (its context has TWO)
+PATCH_2 = """--- a/ggml/a.txt
++++ b/ggml/a.txt
+@@ -1,3 +1,3 @@
+ one
+ TWO
+-three
++THREE
+"""
+
+
+def fake_tree(root: Path) -> Path:
+    (root / "ggml").mkdir(parents=True)
+    (root / "ggml" / "a.txt").write_text("one\ntwo\nthree\n")
+    return root
+
+
+def write_series(folder: Path, patches: dict[str, str]) -> list[Path]:
+    folder.mkdir()
+    for name, text in patches.items():
+        (folder / name).write_text(text)
+    return src.patch_series(folder)
+
+
+def test_patches_apply_in_name_order(tmp_path):
+    tree = fake_tree(tmp_path / "tree")
+    series = write_series(tmp_path / "patches", {"0002-second.patch": PATCH_2, "0001-first.patch": PATCH_1})
+    assert [p.name for p in series] == ["0001-first.patch", "0002-second.patch"]
+    src.apply_patches(tree, series)
+    assert (tree / "ggml" / "a.txt").read_text() == "one\nTWO\nTHREE\n"
+
+
+def test_failing_patch_is_named(tmp_path):
+    tree = fake_tree(tmp_path / "tree")
+    series = write_series(tmp_path / "patches", {"0001-first.patch": PATCH_1, "0002-stale.patch": PATCH_1})
+    with pytest.raises(src.SourceError, match="patch 0002-stale.patch does not apply"):
+        src.apply_patches(tree, series)
+
+
+def test_series_digest_tracks_content(tmp_path):
+    a = write_series(tmp_path / "a", {"0001-x.patch": PATCH_1})
+    b = write_series(tmp_path / "b", {"0001-x.patch": PATCH_2})
+    assert src.series_digest(a) != src.series_digest(b)
+    assert src.series_digest(a) == src.series_digest(src.patch_series(tmp_path / "a"))
+
+
+def test_wrong_sdist_is_rejected(tmp_path, monkeypatch):
+    fake = tmp_path / src.SDIST_FILE
+    buf = io.BytesIO(b"not llama.cpp")
+    with tarfile.open(fake, "w:gz") as tar:
+        info = tarfile.TarInfo(src.VENDOR_PREFIX + "README.md")
+        info.size = len(buf.getvalue())
+        tar.addfile(info, buf)
+    monkeypatch.setenv("SELECTINFER_LLAMA_SDIST", str(fake))
+    monkeypatch.setenv("SELECTINFER_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(src.SourceError, match="sha256"):
+        src.patched_tree(tmp_path / "no-patches")
+    assert not any((tmp_path / "cache").glob("llama.cpp-*")), "no partial tree may be left behind"
+
+
+def test_installed_build_used_the_current_series():
+    """The cached tree for this checkout's ggml-patches/ exists and lists exactly its patches."""
+    series = src.patch_series(REPO / "ggml-patches")
+    tree = src.cache_root() / f"llama.cpp-{src.SDIST_VERSION}-{src.series_digest(series)}"
+    stamp = tree / ".selectinfer-complete"
+    assert stamp.exists(), f"{tree} missing: was the package built from this checkout?"
+    assert stamp.read_text().split() == [p.name for p in series]
+    assert (tree / "include" / "llama.h").exists()
