@@ -43,3 +43,13 @@ def test_pull_is_cached_and_cli_prints_path(selectinfer_cmd, default_model):
     proc = selectinfer_cmd("pull", "smollm2-135m", "-q")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(default_model)
+
+
+def test_derived_f16_variant(default_model):
+    from selectinfer import pull
+
+    f16 = pull("smollm2-135m", type="F16", quiet=True)
+    assert f16.name == "SmolLM2-135M-Instruct.F16.gguf" and f16.parent == default_model.parent
+    with Model(f16, n_ctx=256) as m:
+        assert "F16" in repr(m)
+        assert "Paris" in m.generate(PROMPT, 16, temperature=0)

