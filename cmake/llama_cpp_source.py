@@ -78,7 +78,8 @@ def extract_vendor_tree(sdist: Path, dest: Path) -> None:
         members = [m for m in tar.getmembers() if m.name.startswith(VENDOR_PREFIX) and (m.isfile() or m.isdir())]
         for m in members:
             m.name = m.name[len(VENDOR_PREFIX):]
-        members = [m for m in members if m.name]
+        # drop the submodule's `.git` link: git apply would follow it to a repository that is not there
+        members = [m for m in members if m.name and m.name.split("/")[0] != ".git"]
         if hasattr(tarfile, "data_filter"):
             tar.extractall(dest, members=members, filter="data")
         else:  # Python < 3.11.4

@@ -40,6 +40,7 @@ PYBIND11_MODULE(_native, m) {
         .def_readwrite("n_threads", &ModelParams::n_threads)
         .def_readwrite("use_mmap", &ModelParams::use_mmap)
         .def_readwrite("flash_attn", &ModelParams::flash_attn)
+        .def_readwrite("profile", &ModelParams::profile)
         .def_readwrite("verbose", &ModelParams::verbose);
 
     py::class_<SamplingParams>(m, "SamplingParams")
@@ -107,6 +108,18 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("history", &Engine::history)
         .def("stats", &Engine::stats)
         .def("reset_stats", &Engine::reset_stats)
+        .def_property_readonly("profiling", &Engine::profiling)
+        .def("activation_sums",
+             [](Engine & e, bool reset) {
+                 ActivationSums a = e.activation_sums(reset);
+                 py::list layers;
+                 for (auto & v : a.sums) {
+                     py::ssize_t n = (py::ssize_t) v.size();
+                     layers.append(to_array(std::move(v), {n}));
+                 }
+                 return py::make_tuple(layers, a.n_tokens);
+             },
+             py::arg("reset") = true)
         .def("describe", &Engine::describe)
         .def("meta", &Engine::meta);
 }

@@ -1,5 +1,7 @@
 #include "engine.h"
 
+#include "activation_stats.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -225,6 +227,11 @@ Engine::Engine(const ModelParams & params) : params_(params) {
     }
     stats_.model_bytes = llama_model_size(model_);
     set_sampling(SamplingParams{});
+    if (params_.profile) {
+        act_stats_ = std::make_unique<ActivationStats>(model_);
+        hooks_.stats = act_stats_.get();
+        set_context_hooks(ctx_, &hooks_);
+    }
 }
 
 Engine::~Engine() {
@@ -314,7 +321,9 @@ void Engine::decode_batch(const llama_token * tokens, int32_t n, int32_t pos0, b
         batch.pos[i]       = pos0 + i;
         batch.n_seq_id[i]  = 1;
         batch.seq_id[i][0] = 0;
-        batch.logits[i]    = all_logits || i == n - 1;
+        // profiling: every token must reach the last layer's FFN, which llama.cpp otherwise
+        // computes only for the tokens whose logits are requested
+        batch.logits[i]    = all_logits || profiling() || i == n - 1;
     }
     batch.n_tokens = n;
     int32_t rc = llama_decode(ctx_, batch);
@@ -328,6 +337,7 @@ void Engine::decode_batch(const llama_token * tokens, int32_t n, int32_t pos0, b
         throw std::runtime_error("llama_decode failed with code " + std::to_string(rc) + (why.empty() ? "" : ": " + why));
     }
     history_.insert(history_.end(), tokens, tokens + n);
+    profiled_tokens_ += n;
 }
 
 static void check_tokens(const std::vector<llama_token> & tokens, int32_t n_vocab, int32_t n_ctx, const char * what) {
@@ -375,7 +385,7 @@ std::vector<float> Engine::eval_prompt(const std::vector<llama_token> & tokens, 
         }
     }
     if (!all_logits) {
-        const float * row = llama_get_logits_ith(ctx_, -1);
+        const float * row = llama_get_logits_ith(ctx_, -1);  // the last output row
         logits.assign(row, row + n_vocab_);
     }
     stats_.prefill_ms += ms_since(t0);
@@ -453,6 +463,19 @@ void Engine::reset_stats() {
     uint64_t bytes = stats_.model_bytes;
     stats_ = Stats{};
     stats_.model_bytes = bytes;
+}
+
+ActivationSums Engine::activation_sums(bool reset) {
+    if (!act_stats_) {
+        throw std::logic_error("activation statistics need a model opened with profile=True");
+    }
+    llama_synchronize(ctx_);
+    ActivationSums out{act_stats_->read(), profiled_tokens_};
+    if (reset) {
+        act_stats_->reset();
+        profiled_tokens_ = 0;
+    }
+    return out;
 }
 
 std::string Engine::describe() const {

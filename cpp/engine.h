@@ -5,9 +5,11 @@
 // KV-cache prefix reuse, sampling, log-probabilities and timing statistics.
 #pragma once
 
+#include "ffn_hook.h"
 #include "llama.h"
 
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -35,6 +37,7 @@ struct ModelParams {
     bool     use_mmap  = true;
     int32_t  flash_attn = -1;   // -1 auto (llama.cpp's default), 0 off, 1 on
     bool     verbose   = false; // pass llama.cpp's log through to stderr
+    bool     profile   = false; // accumulate FFN activation statistics (activation_stats.h)
 };
 
 struct SamplingParams {
@@ -52,6 +55,12 @@ struct Stats {
     uint64_t model_bytes      = 0;  // bytes of weights (llama_model_size)
     uint64_t rss_bytes        = 0;  // resident set size of this process now
     uint64_t peak_rss_bytes   = 0;  // and its high-water mark
+};
+
+// Profiling results since the last reset: per layer, sum over tokens of |a_n| for each neuron.
+struct ActivationSums {
+    std::vector<std::vector<float>> sums;  // [n_layer][n_ff(il)]
+    int64_t n_tokens = 0;                  // tokens that passed through every layer
 };
 
 struct ChatMessage {
@@ -114,6 +123,10 @@ public:
     std::string describe() const;  // one line: arch, size, type
     std::string meta(const std::string & key) const;  // metadata value, "" when absent
 
+    // --- profiling (ModelParams::profile) ---
+    bool profiling() const { return act_stats_ != nullptr; }
+    ActivationSums activation_sums(bool reset);
+
 private:
     void decode_batch(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits);
 
@@ -124,6 +137,9 @@ private:
     const llama_vocab * vocab_ = nullptr;
     std::vector<llama_token> history_;
     Stats stats_;
+    std::unique_ptr<ActivationStats> act_stats_;  // outlives ctx_: ~Engine frees the context first
+    ContextHooks hooks_;
+    int64_t profiled_tokens_ = 0;
 };
 
 }  // namespace selectinfer

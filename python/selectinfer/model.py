@@ -64,12 +64,13 @@ class Model:
         seed: default sampling seed; -1 draws a fresh one for every generation.
         use_mmap: map the weights from the file instead of reading them into memory.
         flash_attn: None lets llama.cpp decide (its default), True/False forces it on/off.
+        profile: accumulate FFN activation statistics while evaluating (see `activation_sums`).
         verbose: let llama.cpp log to stderr.
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 2048, n_batch: int = 512,
                  n_threads: int = 0, seed: int = -1, use_mmap: bool = True, flash_attn: bool | None = None,
-                 verbose: bool = False):
+                 profile: bool = False, verbose: bool = False):
         self.model_path = os.fspath(model_path)
         if not os.path.isfile(self.model_path):
             raise FileNotFoundError(f"model file not found: {self.model_path} "
@@ -79,6 +80,7 @@ class Model:
         params.n_ctx, params.n_batch, params.n_threads = n_ctx, n_batch, n_threads
         params.use_mmap, params.verbose = use_mmap, verbose
         params.flash_attn = -1 if flash_attn is None else int(bool(flash_attn))
+        params.profile = profile
         self.seed = seed
         self._engine: _native.Engine | None = _native.Engine(params)
 
@@ -133,6 +135,11 @@ class Model:
     def perplexity(self, text: str | Sequence[int]) -> float:
         _, logprobs = self.token_logprobs(text)
         return float(np.exp(-np.mean(logprobs)))
+
+    def activation_sums(self, reset: bool = True) -> tuple[list[np.ndarray], int]:
+        """Per layer, sum over evaluated tokens of |a_n| for each FFN neuron n (a: input of the down
+        projection), and the number of tokens; needs profile=True. Resets the sums by default."""
+        return self.engine.activation_sums(reset)
 
     # --- generation -----------------------------------------------------------------------
     def stream(self, prompt: str | Sequence[int], max_tokens: int = 128, *, temperature: float = 0.8,
