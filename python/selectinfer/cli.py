@@ -28,6 +28,28 @@ def _cmd_bench(args: argparse.Namespace) -> None:
     print(format_table(results))
 
 
+def _cmd_profile(args: argparse.Namespace) -> None:
+    from .profiler import profile_gguf
+
+    profile = profile_gguf(args.model, args.data, args.output, max_prompts=args.max_prompts,
+                           max_new_tokens=args.max_new_tokens, n_ctx=args.ctx_size, n_threads=args.threads,
+                           resume=not args.no_resume)
+    for d in profile.datasets:
+        print(f"{d.name:14s} {d.task:14s} {d.n_prompts:4d} prompts {int(d.n_tokens[0]):7d} tokens")
+    print(args.output)
+
+
+def _cmd_profile_report(args: argparse.Namespace) -> None:
+    from .profile_report import overlap_table, write_report
+    from .profiles import Profile
+
+    profile = Profile.load(args.profile)
+    for path in write_report(profile, args.output):
+        print(path)
+    for name, values in overlap_table(profile).items():
+        print(f"top-30% Jaccard {name:28s} mean {values.mean():.3f} (min {values.min():.3f}, max {values.max():.3f})")
+
+
 def _cmd_models(args: argparse.Namespace) -> None:
     for m in registry.MODELS.values():
         print(f"{m.name:16s} {m.package}=={m.version}  {m.description} ({m.license})")
@@ -63,6 +85,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--repeats", type=int, default=5)
     p.add_argument("-t", "--threads", type=int, default=0)
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("profile", help="score every FFN neuron of a GGUF model on task datasets (step 1)")
+    p.add_argument("model", help="GGUF model")
+    p.add_argument("-o", "--output", required=True, help="profile file to write (.safetensors)")
+    p.add_argument("--data", action="append", metavar="NAME|PATH:TASK",
+                   help="built-in dataset (capitals-qa, de-en, botchan-summ, botchan) or a JSONL/CSV/Parquet file "
+                        "with its task (qa, translation, summarization, text); repeatable; default: all built-ins")
+    p.add_argument("--max-prompts", type=int, default=40, help="calibration prompts per dataset (default 40)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
+    p.add_argument("-c", "--ctx-size", type=int, default=2048)
+    p.add_argument("-t", "--threads", type=int, default=0)
+    p.add_argument("--no-resume", action="store_true", help="ignore a checkpoint of an interrupted run")
+    p.set_defaults(func=_cmd_profile)
+
+    p = sub.add_parser("profile-report", help="plots of a profile: score distributions, task overlap")
+    p.add_argument("profile")
+    p.add_argument("-o", "--output", required=True, help="folder for the PNG files")
+    p.set_defaults(func=_cmd_profile_report)
 
     sub.add_parser("models", help="list the registry models").set_defaults(func=_cmd_models)
     sub.add_parser("info", help="llama.cpp version and CPU features").set_defaults(func=_cmd_info)

@@ -1,0 +1,175 @@
+"""Offline neuron profiling (step 1 of the method).
+
+For every calibration prompt the model reads the prompt and greedily generates up to
+`max_new_tokens` more tokens; for every layer and FFN neuron the engine accumulates
+sum_t |a_n(t)| over all those tokens (a: input of the down projection) inside its own graph.
+Per dataset the sums and token counts add up; the profile stores their ratio.
+
+The loop checkpoints its partial sums next to the output, so an interrupted run resumes where
+it stopped, and greedy decoding makes a re-run produce the identical file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from tqdm import tqdm
+
+from .model import Model
+from .paths import atomic_path, sha256_file
+from .profiles import DatasetStats, ModelInfo, Profile
+from .tasks import Dataset, format_prompt, load_dataset, sample_examples
+
+DEFAULT_DATASETS = ["capitals-qa", "de-en", "botchan-summ", "botchan"]
+CHECKPOINT_EVERY = 8  # prompts
+
+
+class Collector(Protocol):
+    """Runs one example through a model and returns per-layer sum |a| ([n_layer, n_ff]) and tokens."""
+
+    info: ModelInfo
+    name: str
+
+    def collect(self, example: dict, max_new_tokens: int) -> tuple[np.ndarray, int]: ...
+
+
+class EngineCollector:
+    """Profiles a GGUF model with selectinfer's engine (in-graph accumulation, CPU or CUDA)."""
+
+    name = "selectinfer"
+
+    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int = 0):
+        self.model = Model(model_path, n_ctx=n_ctx, n_threads=n_threads, profile=True)
+        self.has_chat_template = self.model.metadata("tokenizer.chat_template") is not None
+        layers = self.model.activation_sums(reset=True)[0]
+        widths = sorted({len(layer) for layer in layers})
+        if len(widths) != 1:
+            raise ValueError(f"{model_path}: layers have different FFN widths {widths}; profile the original "
+                             "(dense) model, not a converted one")
+        self.info = ModelInfo(
+            digest=sha256_file(model_path), file=Path(model_path).name,
+            architecture=self.model.metadata("general.architecture") or "unknown",
+            n_layer=len(layers), n_ff=widths[0])
+        self.truncated_prompts = 0
+
+    def collect(self, example: dict, max_new_tokens: int) -> tuple[np.ndarray, int]:
+        m = self.model
+        text, special = format_prompt(example, self.has_chat_template, lambda msgs: m.engine.apply_chat_template(msgs, True))
+        tokens = m.engine.tokenize(text, True, special)
+        room = m.n_ctx - max_new_tokens
+        if len(tokens) > room:  # keep the end of an over-long prompt: it is what generation continues
+            tokens = tokens[-room:]
+            self.truncated_prompts += 1
+        m.engine.clear()  # every prompt token must pass through the model, none reused from the cache
+        m.activation_sums(reset=True)
+        for _ in m.stream(tokens, max_new_tokens, temperature=0):
+            pass
+        sums, n_tokens = m.activation_sums(reset=True)
+        return np.stack(sums).astype(np.float64), n_tokens
+
+
+@dataclass
+class _Partial:
+    sums: np.ndarray  # float64 [n_layer, n_ff]
+    tokens: int = 0
+    done: int = 0
+
+
+def _run_key(info: ModelInfo, datasets: list[Dataset], settings: dict) -> str:
+    """Identifies a profiling run: a checkpoint is resumed only by the same run."""
+    ids = [[d.name, d.task, [ex["id"] for ex in d.examples]] for d in datasets]
+    blob = json.dumps([vars(info), ids, settings], sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _save_checkpoint(path: Path, key: str, partials: dict[str, _Partial]) -> None:
+    arrays = {"key": np.frombuffer(key.encode(), dtype=np.uint8)}
+    for name, p in partials.items():
+        arrays[f"sums/{name}"] = p.sums
+        arrays[f"count/{name}"] = np.array([p.tokens, p.done], dtype=np.int64)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+
+def _load_checkpoint(path: Path, key: str, partials: dict[str, _Partial]) -> bool:
+    try:
+        with np.load(path) as data:
+            if data["key"].tobytes().decode() != key:
+                return False
+            for name, p in partials.items():
+                p.sums = data[f"sums/{name}"]
+                p.tokens, p.done = (int(v) for v in data[f"count/{name}"])
+    except (OSError, KeyError, ValueError):
+        return False
+    return True
+
+
+def run_profile(collector: Collector, datasets: list[Dataset], output: str | os.PathLike, *,
+                max_new_tokens: int = 128, resume: bool = True, progress: bool = True) -> Profile:
+    """Profiles `datasets` (their calibration examples, already limited) and writes `output`."""
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not datasets:
+        raise ValueError("no datasets to profile")
+    names = [d.name for d in datasets]
+    if len(set(names)) != len(names):
+        raise ValueError(f"dataset names must be unique, got {names}")
+    output = Path(output)
+    checkpoint = output.with_name(output.name + ".partial.npz")
+    info = collector.info
+    settings = {"profiler": collector.name, "max_new_tokens": max_new_tokens, "decoding": "greedy",
+                "split": "calibration"}
+    key = _run_key(info, datasets, settings)
+    partials = {d.name: _Partial(np.zeros((info.n_layer, info.n_ff))) for d in datasets}
+    if resume and checkpoint.exists() and _load_checkpoint(checkpoint, key, partials):
+        print(f"resuming from {checkpoint}", flush=True)
+
+    total = sum(len(d.examples) for d in datasets)
+    bar = tqdm(total=total, initial=sum(p.done for p in partials.values()), unit="prompt", desc="profile",
+               disable=not progress)
+    since_checkpoint = 0
+    for d in datasets:
+        p = partials[d.name]
+        for example in d.examples[p.done:]:
+            bar.set_postfix_str(d.name)
+            sums, n_tokens = collector.collect(example, max_new_tokens)
+            p.sums += sums
+            p.tokens += n_tokens
+            p.done += 1
+            bar.update(1)
+            since_checkpoint += 1
+            if since_checkpoint >= CHECKPOINT_EVERY:
+                _save_checkpoint(checkpoint, key, partials)
+                since_checkpoint = 0
+    bar.close()
+
+    stats = []
+    for d in datasets:
+        p = partials[d.name]
+        if p.tokens == 0:
+            raise ValueError(f"dataset '{d.name}' produced no tokens")
+        stats.append(DatasetStats(d.name, d.task, d.source, p.done, (p.sums / p.tokens).astype(np.float32),
+                                  np.full(info.n_layer, p.tokens, dtype=np.int64)))
+    profile = Profile(info, stats, settings)
+    profile.save(output)
+    checkpoint.unlink(missing_ok=True)
+    return profile
+
+
+def profile_gguf(model_path: str | os.PathLike, dataset_specs: list[str] | None, output: str | os.PathLike, *,
+                 max_prompts: int = 40, max_new_tokens: int = 128, n_ctx: int = 2048, n_threads: int = 0,
+                 resume: bool = True, progress: bool = True) -> Profile:
+    """Profiles a GGUF model over built-in or user data sets (see tasks.load_dataset)."""
+    if max_prompts < 1:
+        raise ValueError(f"max_prompts must be >= 1, got {max_prompts}")
+    datasets = [load_dataset(spec) for spec in (dataset_specs or DEFAULT_DATASETS)]
+    for d in datasets:
+        d.examples = sample_examples(d.examples, max_prompts)
+    collector = EngineCollector(model_path, n_ctx=n_ctx, n_threads=n_threads)
+    return run_profile(collector, datasets, output, max_new_tokens=max_new_tokens, resume=resume, progress=progress)
