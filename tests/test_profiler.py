@@ -231,3 +231,46 @@ def test_unavailable_source_package(tmp_path):
         pip_download("selectinfer-no-such-package", "0.0.0", tmp_path)
     with pytest.raises(FetchError, match="selectinfer-no-such-deb"):
         apt_download("selectinfer-no-such-deb", tmp_path)
+
+
+# --- the transformers profiler ----------------------------------------------------------------
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_transformers_and_engine_profilers_agree(tmp_path, arch):
+    torch = pytest.importorskip("torch", reason="the transformers profiler needs torch (pip install torch)")
+    transformers = pytest.importorskip("transformers", reason="needs transformers (pip install transformers)")
+    from selectinfer.hf_gguf import hf_to_gguf
+    from selectinfer.hf_profiler import TransformersCollector
+
+    config_cls, model_cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+                             "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[arch]
+    config = config_cls(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                        rms_norm_eps=1e-5, tie_word_embeddings=False, initializer_range=0.2,
+                        bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    hf_dir = tmp_path / f"hf-{arch}"
+    model_cls(config).eval().save_pretrained(hf_dir)
+    gguf = tmp_path / f"{arch}.gguf"
+    hf_to_gguf(model_cls.from_pretrained(hf_dir), gguf)
+
+    rng = np.random.default_rng(1)
+    examples = [{"id": f"x{i}", "task": "text", "split": "calibration",
+                 "input_ids": [1] + rng.integers(5, 320, size=12).tolist()} for i in range(6)]
+    datasets = [Dataset("random-ids", "text", examples, "test")]
+    hf = run_profile(TransformersCollector(hf_dir), datasets, tmp_path / "hf.safetensors", max_new_tokens=4,
+                     progress=False)
+    engine = run_profile(EngineCollector(gguf, n_ctx=64), datasets, tmp_path / "engine.safetensors",
+                         max_new_tokens=4, progress=False)
+    assert hf.model.architecture == arch and hf.settings["profiler"] == "transformers"
+    assert (hf.model.n_layer, hf.model.n_ff) == (engine.model.n_layer, engine.model.n_ff) == (3, 128)
+    assert hf.datasets[0].n_tokens[0] == engine.datasets[0].n_tokens[0] == 6 * (13 + 3)
+    for il in range(3):
+        rho = spearman(hf.datasets[0].mean_abs[il], engine.datasets[0].mean_abs[il])
+        print(f"{arch} layer {il}: Spearman {rho:.5f}")
+        assert rho > 0.99

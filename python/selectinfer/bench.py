@@ -23,6 +23,7 @@ BENCH_TEXT = (
 @dataclass
 class BenchResult:
     path: str
+    label: str
     model_bytes: int
     prefill_tokens_per_s: list[float] = field(default_factory=list)
     decode_tokens_per_s: list[float] = field(default_factory=list)
@@ -46,6 +47,8 @@ def _one_run(model: Model, prompt: list[int], n_gen: int) -> tuple[float, float]
     engine = model.engine
     engine.clear()
     model.reset_stats()
+    if engine.profiling:
+        model.activation_sums(reset=True)
     engine.eval_prompt(prompt, False)
     for _ in range(n_gen):
         engine.eval_token(engine.sample())
@@ -54,12 +57,19 @@ def _one_run(model: Model, prompt: list[int], n_gen: int) -> tuple[float, float]
 
 
 def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, repeats: int = 5,
-              n_threads: int = 0) -> list[BenchResult]:
+              n_threads: int = 0, profiling: bool = False) -> list[BenchResult]:
+    """Benchmarks each model; with profiling=True each model runs twice, plain and with profiling
+    (in-graph activation statistics), to show what profiling costs."""
     if n_prompt < 1 or n_gen < 1 or repeats < 1:
         raise ValueError("n_prompt, n_gen and repeats must be >= 1")
-    models = [Model(p, n_ctx=n_prompt + n_gen + 8, n_batch=max(n_prompt, 32), n_threads=n_threads) for p in paths]
+    configs = [(p, mode) for p in paths for mode in ((False, True) if profiling else (False,))]
+    models = []
     try:
-        results = [BenchResult(str(p), m.stats()["model_bytes"]) for p, m in zip(paths, models)]
+        for p, mode in configs:
+            models.append(Model(p, n_ctx=n_prompt + n_gen + 8, n_batch=max(n_prompt, 32), n_threads=n_threads,
+                                profile=mode))
+        results = [BenchResult(str(p), Path(p).name + (" (profiling)" if mode else ""), m.stats()["model_bytes"])
+                   for (p, mode), m in zip(configs, models)]
         prompts = [_prompt_tokens(m, n_prompt) for m in models]
         for m, prompt in zip(models, prompts):  # warm-up: page in the weights, fill caches
             m._set_sampling(0, 0, 1.0, 0)
@@ -82,6 +92,6 @@ def format_table(results: list[BenchResult]) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for r in results:
-        lines.append(f"| {Path(r.path).name} | {r.model_bytes / 2**20:.1f} | {r.prefill_median:.1f} "
+        lines.append(f"| {r.label} | {r.model_bytes / 2**20:.1f} | {r.prefill_median:.1f} "
                      f"| {r.decode_median:.1f} | {r.decode_median / base.decode_median:.2f}x |")
     return "\n".join(lines)

@@ -22,16 +22,16 @@ def _cmd_bench(args: argparse.Namespace) -> None:
     from .bench import format_table, run_bench
 
     results = run_bench(args.models, n_prompt=args.n_prompt, n_gen=args.n_gen, repeats=args.repeats,
-                        n_threads=args.threads)
+                        n_threads=args.threads, profiling=args.profiling)
     print(f"n_prompt {args.n_prompt}, n_gen {args.n_gen}, {args.repeats} interleaved rounds, "
           f"threads {args.threads or 'all'}")
     print(format_table(results))
 
 
 def _cmd_profile(args: argparse.Namespace) -> None:
-    from .profiler import profile_gguf
+    from .profiler import profile_model
 
-    profile = profile_gguf(args.model, args.data, args.output, max_prompts=args.max_prompts,
+    profile = profile_model(args.model, args.data, args.output, max_prompts=args.max_prompts,
                            max_new_tokens=args.max_new_tokens, n_ctx=args.ctx_size, n_threads=args.threads,
                            resume=not args.no_resume)
     for d in profile.datasets:
@@ -84,10 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--n-gen", type=int, default=64)
     p.add_argument("-r", "--repeats", type=int, default=5)
     p.add_argument("-t", "--threads", type=int, default=0)
+    p.add_argument("--profiling", action="store_true", help="also run each model with profiling on, side by side")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("profile", help="score every FFN neuron of a GGUF model on task datasets (step 1)")
-    p.add_argument("model", help="GGUF model")
+    p.add_argument("model", help="GGUF model, or a Hugging Face checkpoint folder (profiled with transformers)")
     p.add_argument("-o", "--output", required=True, help="profile file to write (.safetensors)")
     p.add_argument("--data", action="append", metavar="NAME|PATH:TASK",
                    help="built-in dataset (capitals-qa, de-en, botchan-summ, botchan) or a JSONL/CSV/Parquet file "

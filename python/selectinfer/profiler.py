@@ -59,8 +59,12 @@ class EngineCollector:
 
     def collect(self, example: dict, max_new_tokens: int) -> tuple[np.ndarray, int]:
         m = self.model
-        text, special = format_prompt(example, self.has_chat_template, lambda msgs: m.engine.apply_chat_template(msgs, True))
-        tokens = m.engine.tokenize(text, True, special)
+        if "input_ids" in example:  # pre-tokenized
+            tokens = list(example["input_ids"])
+        else:
+            text, special = format_prompt(example, self.has_chat_template,
+                                          lambda msgs: m.engine.apply_chat_template(msgs, True))
+            tokens = m.engine.tokenize(text, True, special)
         room = m.n_ctx - max_new_tokens
         if len(tokens) > room:  # keep the end of an over-long prompt: it is what generation continues
             tokens = tokens[-room:]
@@ -162,14 +166,20 @@ def run_profile(collector: Collector, datasets: list[Dataset], output: str | os.
     return profile
 
 
-def profile_gguf(model_path: str | os.PathLike, dataset_specs: list[str] | None, output: str | os.PathLike, *,
-                 max_prompts: int = 40, max_new_tokens: int = 128, n_ctx: int = 2048, n_threads: int = 0,
-                 resume: bool = True, progress: bool = True) -> Profile:
-    """Profiles a GGUF model over built-in or user data sets (see tasks.load_dataset)."""
+def profile_model(model_path: str | os.PathLike, dataset_specs: list[str] | None, output: str | os.PathLike, *,
+                  max_prompts: int = 40, max_new_tokens: int = 128, n_ctx: int = 2048, n_threads: int = 0,
+                  resume: bool = True, progress: bool = True) -> Profile:
+    """Profiles a GGUF file (with the engine) or a Hugging Face checkpoint folder (with
+    transformers) over built-in or user data sets (see tasks.load_dataset)."""
     if max_prompts < 1:
         raise ValueError(f"max_prompts must be >= 1, got {max_prompts}")
     datasets = [load_dataset(spec) for spec in (dataset_specs or DEFAULT_DATASETS)]
     for d in datasets:
         d.examples = sample_examples(d.examples, max_prompts)
-    collector = EngineCollector(model_path, n_ctx=n_ctx, n_threads=n_threads)
+    if Path(model_path).is_dir():
+        from .hf_profiler import TransformersCollector
+
+        collector = TransformersCollector(model_path, n_threads=n_threads)
+    else:
+        collector = EngineCollector(model_path, n_ctx=n_ctx, n_threads=n_threads)
     return run_profile(collector, datasets, output, max_new_tokens=max_new_tokens, resume=resume, progress=progress)

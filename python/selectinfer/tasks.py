@@ -52,9 +52,9 @@ class Dataset:
 def _check_example(ex: object, task: Task, where: str) -> dict:
     if not isinstance(ex, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(ex).__name__}")
-    if "prompt" not in ex and not all(isinstance(ex.get(f), str) and ex.get(f) for f in task.fields):
+    if "prompt" not in ex and "input_ids" not in ex and not all(isinstance(ex.get(f), str) and ex.get(f) for f in task.fields):
         need = " and ".join(repr(f) for f in task.fields)
-        raise ValueError(f"{where}: a {task.name} example needs {need} (or 'prompt'); got fields {sorted(ex)}")
+        raise ValueError(f"{where}: a {task.name} example needs {need} (or 'prompt', or 'input_ids'); got fields {sorted(ex)}")
     return ex
 
 
