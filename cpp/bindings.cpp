@@ -1,10 +1,14 @@
 // selectinfer._native: a thin binding of engine.h. The Python API (python/selectinfer/model.py)
 // builds the user-facing Model on top of it.
 #include "engine.h"
+#include "quant_rows.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstring>
 
 namespace py = pybind11;
 using namespace selectinfer;
@@ -31,6 +35,35 @@ PYBIND11_MODULE(_native, m) {
     m.def("quantize_type_names", &quantize_type_names);
     m.def("quantize_model", &quantize_model, py::arg("input_path"), py::arg("output_path"), py::arg("type_name"),
           py::arg("n_threads") = 0, py::call_guard<py::gil_scoped_release>());
+
+    m.def("row_bytes", &row_bytes, py::arg("type"), py::arg("n_per_row"));
+    m.def("quantize_rows",
+          [](int type, py::array_t<float, py::array::c_style | py::array::forcecast> rows) {
+              if (rows.ndim() != 2) throw std::invalid_argument("quantize_rows takes a 2-D float array");
+              std::string bytes;
+              {
+                  py::gil_scoped_release release;
+                  bytes = quantize_rows(type, rows.data(), rows.shape(0), rows.shape(1));
+              }
+              const py::ssize_t n_rows = rows.shape(0), stride = (py::ssize_t) (bytes.size() / std::max<py::ssize_t>(n_rows, 1));
+              py::array_t<uint8_t> out({n_rows, stride});
+              std::memcpy(out.mutable_data(), bytes.data(), bytes.size());
+              return out;
+          },
+          py::arg("type"), py::arg("rows"), "float rows [n_rows, n_per_row] -> uint8 [n_rows, row_bytes] in a ggml type");
+    m.def("dequantize_rows",
+          [](int type, py::array_t<uint8_t, py::array::c_style> rows, int64_t n_per_row) {
+              if (rows.ndim() != 2 || (size_t) rows.shape(1) != row_bytes(type, n_per_row)) {
+                  throw std::invalid_argument("dequantize_rows takes uint8 [n_rows, row_bytes(type, n_per_row)]");
+              }
+              std::vector<float> values;
+              {
+                  py::gil_scoped_release release;
+                  values = dequantize_rows(type, rows.data(), rows.shape(0), n_per_row);
+              }
+              return to_array(std::move(values), {rows.shape(0), (py::ssize_t) n_per_row});
+          },
+          py::arg("type"), py::arg("rows"), py::arg("n_per_row"));
 
     py::class_<ModelParams>(m, "ModelParams")
         .def(py::init<>())

@@ -228,9 +228,9 @@ Engine::Engine(const ModelParams & params) : params_(params) {
     stats_.model_bytes = llama_model_size(model_);
     set_sampling(SamplingParams{});
     if (params_.profile) {
-        act_stats_ = std::make_unique<ActivationStats>(model_);
-        hooks_.stats = act_stats_.get();
-        set_context_hooks(ctx_, &hooks_);
+        ContextHooks & hooks = context_hooks(ctx_);
+        hooks.stats = std::make_unique<ActivationStats>(model_);
+        act_stats_ = hooks.stats.get();
     }
 }
 

@@ -9,7 +9,6 @@
 #include "llama.h"
 
 #include <cstdint>
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -137,8 +136,7 @@ private:
     const llama_vocab * vocab_ = nullptr;
     std::vector<llama_token> history_;
     Stats stats_;
-    std::unique_ptr<ActivationStats> act_stats_;  // outlives ctx_: ~Engine frees the context first
-    ContextHooks hooks_;
+    ActivationStats * act_stats_ = nullptr;  // owned by the context's hooks when profiling
     int64_t profiled_tokens_ = 0;
 };
 

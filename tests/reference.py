@@ -30,7 +30,11 @@ class ReferenceModel:
         weights = {}
         for t in reader.tensors:
             shape = tuple(int(d) for d in reversed(t.shape))  # ggml ne -> numpy (rows, cols)
-            weights[t.name] = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(shape)
+            w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(shape)
+            if t.name.endswith(".ffn_down_t.weight"):  # SelectInfer layout: one row per neuron
+                weights[t.name.replace("ffn_down_t", "ffn_down")] = w.T
+            else:
+                weights[t.name] = w
         return cls(
             arch=arch,
             n_layer=int(_field(reader, f"{arch}.block_count")),
