@@ -50,6 +50,22 @@ def _cmd_profile_report(args: argparse.Namespace) -> None:
         print(f"top-30% Jaccard {name:28s} mean {values.mean():.3f} (min {values.min():.3f}, max {values.max():.3f})")
 
 
+def _cmd_convert(args: argparse.Namespace) -> None:
+    from .convert import convert
+
+    r = convert(args.model, args.output, profile=args.profile, task=args.task, load_ratio=args.load_ratio,
+                static_ratio=args.static_ratio, layers=args.layers, ranking=args.ranking, seed=args.seed,
+                memory_budget=args.memory_budget)
+    print(f"{r.path}: gamma {r.load_ratio:.3f}, delta {r.static_ratio:.3f}, layers {r.layers.start}:{r.layers.stop}, "
+          f"{r.source_bytes / 2**20:.1f} MiB -> {r.output_bytes / 2**20:.1f} MiB")
+
+
+def _cmd_inspect(args: argparse.Namespace) -> None:
+    from .convert import inspect
+
+    print(inspect(args.file))
+
+
 def _cmd_models(args: argparse.Namespace) -> None:
     for m in registry.MODELS.values():
         print(f"{m.name:16s} {m.package}=={m.version}  {m.description} ({m.license})")
@@ -104,6 +120,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("profile")
     p.add_argument("-o", "--output", required=True, help="folder for the PNG files")
     p.set_defaults(func=_cmd_profile_report)
+
+    p = sub.add_parser("convert", help="write a SelectInfer GGUF that keeps only the neurons that matter (step 2)")
+    p.add_argument("model", help="dense GGUF model (llama or qwen2)")
+    p.add_argument("-o", "--output", required=True, help="SelectInfer GGUF to write")
+    p.add_argument("--profile", help="profile of this model (selectinfer profile)")
+    p.add_argument("--task", help="task whose base ranking gives the static neurons")
+    p.add_argument("--load-ratio", type=float, default=0.7, help="gamma: neurons kept per layer, of the original N")
+    p.add_argument("--static-ratio", type=float, default=0.3, help="delta: static neurons per layer, of N")
+    p.add_argument("--layers", help="sparsified layers START:END (END exclusive); default: all but the first "
+                                    "n_layer//7 and the last n_layer//9")
+    p.add_argument("--ranking", choices=["profile", "random"], default="profile",
+                   help="random: the random-loading baseline (no profile needed)")
+    p.add_argument("--seed", type=int, default=0, help="seed of --ranking random")
+    p.add_argument("--memory-budget", metavar="SIZE", help="choose the largest gamma whose weights fit SIZE (e.g. 80M)")
+    p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser("inspect", help="metadata and per-layer widths of a (SelectInfer) GGUF")
+    p.add_argument("file")
+    p.set_defaults(func=_cmd_inspect)
 
     sub.add_parser("models", help="list the registry models").set_defaults(func=_cmd_models)
     sub.add_parser("info", help="llama.cpp version and CPU features").set_defaults(func=_cmd_info)

@@ -12,9 +12,10 @@ refuses files with tensors it does not use). `<arch>.feed_forward_length` become
 array and the other `selectinfer.*` keys describe the conversion. Layers outside the
 sparsified range are copied unchanged.
 
-Transposing the down projection keeps F32/F16/BF16 values exact; quantized types store their
-blocks along the other axis, so their down projection is re-quantized to the same type (from
-the dequantized values, with ggml's own quantizer); gate and up are never re-quantized.
+Transposing the down projection keeps F32/F16 values exact (BF16 ones too: they are stored as
+F16, see DOWN_T_TYPE); quantized types store their blocks along the other axis, so their down
+projection is re-quantized to the same type (from the dequantized values, with ggml's own
+quantizer); gate and up are never re-quantized.
 """
 from __future__ import annotations
 
@@ -33,6 +34,11 @@ from .profiles import Profile
 SI_FORMAT_VERSION = 1
 SUPPORTED_ARCHS = ("llama", "qwen2")
 EXACT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
+
+
+# The type ffn_down_t is stored in, when not the source type: ggml's CPU backend has no BF16
+# out-product, and F16 holds every BF16 weight of magnitude 6e-8..65504 exactly, at the same size.
+DOWN_T_TYPE = {GGMLQuantizationType.BF16: GGMLQuantizationType.F16}
 
 
 class ConvertError(ValueError):
@@ -123,9 +129,9 @@ def _down_transposed(t, ids: np.ndarray) -> tuple[np.ndarray, GGMLQuantizationTy
         return np.ascontiguousarray(rows.reshape(n_embd, n_ff)[:, ids].T), qtype
     if qtype == GGMLQuantizationType.F16:
         return np.ascontiguousarray(rows.reshape(n_embd, n_ff)[:, ids].T), qtype
-    if qtype == GGMLQuantizationType.BF16:  # stored as raw 16-bit words
-        words = rows.view(np.uint16).reshape(n_embd, n_ff)
-        return np.ascontiguousarray(words[:, ids].T).view(np.uint8), qtype
+    if qtype == GGMLQuantizationType.BF16:  # raw 16-bit words -> F16 (see DOWN_T_TYPE)
+        words = rows.view(np.uint16).reshape(n_embd, n_ff)[:, ids].T.astype(np.uint32) << 16
+        return np.ascontiguousarray(words.view(np.float32).astype(np.float16)), GGMLQuantizationType.F16
     dense = _native.dequantize_rows(int(qtype), np.ascontiguousarray(rows.reshape(n_embd, -1)), n_ff)
     return _native.quantize_rows(int(qtype), np.ascontiguousarray(dense[:, ids].T)), qtype
 
@@ -157,7 +163,10 @@ def estimate_output_bytes(reader: GGUFReader, layers: range, n_load: int) -> int
         if len(parts) == 4 and parts[0] == "blk" and int(parts[1]) in layers and parts[2] in ("ffn_gate", "ffn_up", "ffn_down"):
             n_ff = int(t.shape[1]) if parts[2] != "ffn_down" else int(t.shape[0])
             n_embd = int(t.shape[0]) if parts[2] != "ffn_down" else int(t.shape[1])
-            total += _native.row_bytes(int(t.tensor_type), n_embd) * n_load
+            qtype = GGMLQuantizationType(t.tensor_type)
+            if parts[2] == "ffn_down":
+                qtype = DOWN_T_TYPE.get(qtype, qtype)
+            total += _native.row_bytes(int(qtype), n_embd) * n_load
             if parts[2] == "ffn_down":
                 total += 4 * n_load  # neuron ids (metadata)
         else:
@@ -296,13 +305,54 @@ def _tensor_jobs(reader: GGUFReader, plans: dict[int, LayerPlan]) -> list:
         elif il in plans and kind == "ffn_down" and parts[3] == "weight":
             ids = plans[il].neuron_ids
             n_embd = int(t.shape[1])
-            row_bytes = _native.row_bytes(int(qtype), n_embd)
-            dtype = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}.get(qtype, np.uint8)
+            out_type = DOWN_T_TYPE.get(qtype, qtype)
+            row_bytes = _native.row_bytes(int(out_type), n_embd)
+            dtype = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}.get(out_type, np.uint8)
             shape = (len(ids), n_embd if dtype != np.uint8 else row_bytes)
-            jobs.append((f"blk.{il}.ffn_down_t.weight", shape, np.dtype(dtype), len(ids) * row_bytes, raw,
+            out_raw = None if dtype != np.uint8 else out_type
+            jobs.append((f"blk.{il}.ffn_down_t.weight", shape, np.dtype(dtype), len(ids) * row_bytes, out_raw,
                          lambda t=t, ids=ids: _down_transposed(t, ids)[0]))
         else:
             rows = np.asarray(t.data)
             shape = tuple(int(d) for d in reversed(t.shape)) if rows.dtype != np.uint8 else rows.shape
             jobs.append((t.name, shape, rows.dtype, int(t.n_bytes), raw, lambda rows=rows: rows))
     return jobs
+
+
+def inspect(path: str | os.PathLike) -> str:
+    """A human-readable summary of a GGUF: architecture, SelectInfer metadata, per-layer widths."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"file not found: {path}")
+    try:
+        reader = GGUFReader(str(path))
+    except (ValueError, OSError) as e:
+        raise ConvertError(f"{path} is not a readable GGUF file ({e})") from None
+    arch = _field(reader, "general.architecture", "?")
+    n_layer = int(_field(reader, f"{arch}.block_count", 0))
+    widths = _field(reader, f"{arch}.feed_forward_length")
+    widths = list(widths) if isinstance(widths, list) else [widths] * n_layer
+    ffn_types = sorted({GGMLQuantizationType(t.tensor_type).name for t in reader.tensors if ".ffn_" in t.name})
+    total = sum(int(t.n_bytes) for t in reader.tensors)
+    lines = [f"file          {path} ({path.stat().st_size / 2**20:.1f} MiB, tensors {total / 2**20:.1f} MiB)",
+             f"architecture  {arch}, {n_layer} layers, FFN weight types {', '.join(ffn_types)}"]
+    version = _field(reader, "selectinfer.format_version")
+    if version is None:
+        lines.append("selectinfer   none: a dense model")
+        return "\n".join(lines)
+    layers = list(_field(reader, "selectinfer.layers"))
+    statics = dict(zip(layers, _field(reader, "selectinfer.static_counts")))
+    n_orig = int(_field(reader, "selectinfer.original_feed_forward_length"))
+    lines += [
+        f"selectinfer   format v{version}, task '{_field(reader, 'selectinfer.task')}', "
+        f"ranking {_field(reader, 'selectinfer.ranking')}",
+        f"ratios        load (gamma) {_field(reader, 'selectinfer.load_ratio'):.3f}, "
+        f"static (delta) {_field(reader, 'selectinfer.static_ratio'):.3f} of the original {n_orig} neurons",
+        f"sparsified    layers {layers[0]}..{layers[-1]} ({len(layers)} of {n_layer})",
+        f"source        sha256 {_field(reader, 'selectinfer.source_digest')}",
+        f"profile       sha256 {_field(reader, 'selectinfer.profile_digest') or '(random ranking)'}",
+        "layer  width  static",
+    ]
+    for il in range(n_layer):
+        lines.append(f"{il:5d}  {int(widths[il]):5d}  {statics.get(il, '-')!s:>6}")
+    return "\n".join(lines)

@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, TokenType
-from gguf.quants import quantize
 
+from . import _native
 from .paths import atomic_path
 
 CHATML_TEMPLATE = (
@@ -45,13 +45,7 @@ SHAPES: dict[str, ModelShape] = {
     "tiny-qwen2": ModelShape(arch="qwen2", n_embd=64, n_ff=160, n_layer=3, n_head=8, n_head_kv=2, tied_embeddings=True),
 }
 
-WEIGHT_TYPES = {
-    "F32": GGMLQuantizationType.F32,
-    "F16": GGMLQuantizationType.F16,
-    "Q8_0": GGMLQuantizationType.Q8_0,
-    "Q4_0": GGMLQuantizationType.Q4_0,
-    "Q4_1": GGMLQuantizationType.Q4_1,
-}
+WEIGHT_TYPES = {name: GGMLQuantizationType[name] for name in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")}
 
 
 def tokenizer_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
@@ -135,9 +129,10 @@ def write_gguf(path: str | os.PathLike, shape: ModelShape, weights: dict[str, np
         if chat_template:
             writer.add_chat_template(chat_template)
         for name, value in weights.items():
-            if value.ndim == 2 and qtype != GGMLQuantizationType.F32:
-                data = value.astype(np.float16) if qtype == GGMLQuantizationType.F16 else quantize(value, qtype)
-                writer.add_tensor(name, data, raw_dtype=qtype)
+            if value.ndim == 2 and qtype == GGMLQuantizationType.F16:
+                writer.add_tensor(name, value.astype(np.float16))
+            elif value.ndim == 2 and qtype != GGMLQuantizationType.F32:  # with ggml's own quantizer
+                writer.add_tensor(name, _native.quantize_rows(int(qtype), value), raw_dtype=qtype)
             else:
                 writer.add_tensor(name, value.astype(np.float32))
         writer.write_header_to_file()

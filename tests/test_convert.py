@@ -1,0 +1,271 @@
+"""Selective loading: the SelectInfer GGUF converter and the patched loader."""
+import os
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+from reference import ReferenceModel
+
+from selectinfer import Model, ModelLoadError
+from selectinfer.convert import ConvertError, convert, default_layers, estimate_output_bytes, inspect, plan_layers
+from selectinfer.profiles import DatasetStats, ModelInfo, Profile, ProfileError, ranking
+from selectinfer.paths import sha256_file
+from selectinfer.synthetic import make_model
+
+TEXT = "the capital of france is paris, a city on the seine"
+# engine vs float64 numpy, relative to max |logit|: exact layouts, then re-quantized down projections
+BOUNDS = {"F32": 2e-3, "F16": 2e-3, "BF16": 5e-3, "Q8_0": 3e-2, "Q4_0": 3e-2, "Q4_1": 3e-2, "Q4_K": 3e-2}
+
+
+def field(reader, key):
+    return reader.get_field(key).contents()
+
+
+def kept_ids(path):
+    r = GGUFReader(str(path))
+    return {il: np.array(field(r, f"selectinfer.neuron_ids.{il}")) for il in field(r, "selectinfer.layers")}
+
+
+def engine_logits(path, tokens=None, **kw):
+    with Model(path, n_ctx=128, **kw) as m:
+        tokens = tokens or m.tokenize(TEXT)
+        return tokens, m.logits(tokens)
+
+
+def zero_dropped(ref: ReferenceModel, ids: dict[int, np.ndarray]) -> ReferenceModel:
+    """The reference with every dropped neuron removed (its gate and up rows zeroed: a = 0)."""
+    for il, keep in ids.items():
+        for name in ("ffn_gate", "ffn_up"):
+            w = ref.weights[f"blk.{il}.{name}.weight"]
+            mask = np.ones(w.shape[0], dtype=bool)
+            mask[keep] = False
+            w[mask] = 0.0
+    return ref
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Random-weight sources (n_embd 256 so that K-quants fit), made once."""
+    root = tmp_path_factory.mktemp("convert-src")
+    made = {}
+
+    def get(shape="tiny-llama", weight_type="F32"):
+        key = (shape, weight_type)
+        if key not in made:
+            made[key] = root / f"{shape}-{weight_type}.gguf"
+            make_model(made[key], shape, weight_type=weight_type, seed=3, n_embd=256, n_ff=768, n_head=4,
+                       n_head_kv=2, n_layer=3)
+        return made[key]
+
+    return get
+
+
+@pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen2"])
+@pytest.mark.parametrize("weight_type", ["F32", "F16", "BF16"])
+def test_exact_types_equal_reference_without_dropped_neurons(models, tmp_path, shape, weight_type):
+    src = models(shape, weight_type)
+    out = tmp_path / "si.gguf"
+    convert(src, out, ranking="random", seed=5, load_ratio=0.55, static_ratio=0.2, layers="1:3", progress=False)
+    tokens, got = engine_logits(out)
+    expected = zero_dropped(ReferenceModel.load(src), kept_ids(out)).forward(tokens)
+    rel = np.abs(got - expected).max() / np.abs(expected).max()
+    print(f"{shape} {weight_type}: max rel diff {rel:.2e} vs the original without the dropped neurons")
+    assert rel < BOUNDS[weight_type]
+    _, original = engine_logits(src, tokens)
+    assert np.abs(original - got).max() > 10 * BOUNDS[weight_type] * np.abs(expected).max(), "dropping must matter"
+
+
+@pytest.mark.parametrize("weight_type", ["Q8_0", "Q4_0", "Q4_1", "Q4_K"])
+def test_quantized_types_equal_reference_of_stored_weights(models, tmp_path, weight_type):
+    """gate/up rows are copied byte for byte; the down projection is re-quantized after the
+    transpose, so the reference is the file's own (dequantized) weights."""
+    src = models("tiny-llama", weight_type)
+    out = tmp_path / "si.gguf"
+    convert(src, out, ranking="random", load_ratio=0.5, static_ratio=0.25, layers="0:3", progress=False)
+    tokens, got = engine_logits(out)
+    expected = ReferenceModel.load(out).forward(tokens)
+    assert np.abs(got - expected).max() < BOUNDS[weight_type] * np.abs(expected).max()
+    src_r, out_r = GGUFReader(str(src)), GGUFReader(str(out))
+    ids = kept_ids(out)
+    src_t = {t.name: t for t in src_r.tensors}
+    for t in out_r.tensors:
+        if t.name.endswith(("ffn_gate.weight", "ffn_up.weight")):
+            il = int(t.name.split(".")[1])
+            assert np.array_equal(np.asarray(t.data), np.asarray(src_t[t.name].data)[ids[il]]), t.name
+    # and the re-quantized down projection stays close to the original one
+    orig, conv = ReferenceModel.load(src).weights, ReferenceModel.load(out).weights
+    for il, keep in ids.items():
+        a, b = orig[f"blk.{il}.ffn_down.weight"][:, keep], conv[f"blk.{il}.ffn_down.weight"]
+        assert np.abs(a - b).max() < 0.3 * np.abs(a).max()
+
+
+def test_full_load_ratio_reproduces_the_original(models, tmp_path):
+    src = models("tiny-qwen2", "F16")
+    out = tmp_path / "si.gguf"
+    convert(src, out, ranking="random", load_ratio=1.0, static_ratio=0.3, layers="0:3", progress=False)
+    tokens, original = engine_logits(src)
+    _, converted = engine_logits(out, tokens)
+    assert np.abs(original - converted).max() < 2e-3 * np.abs(original).max()
+    assert np.array_equal(original.argmax(1), converted.argmax(1))
+
+
+def test_loads_with_and_without_mmap(models, tmp_path):
+    src = models("tiny-llama", "Q8_0")
+    out = tmp_path / "si.gguf"
+    convert(src, out, ranking="random", load_ratio=0.6, static_ratio=0.3, progress=False)
+    tokens, mapped = engine_logits(out, use_mmap=True)
+    _, read = engine_logits(out, tokens, use_mmap=False)
+    assert np.array_equal(mapped, read)
+    with Model(out, n_ctx=64) as m:
+        assert m.stats()["model_bytes"] < os.path.getsize(src)
+        assert m.metadata("selectinfer.format_version") == "1"
+
+
+def profile_for(src, n_layer=3, n_ff=768):
+    rng = np.random.default_rng(0)
+    info = ModelInfo(sha256_file(src), src.name, "llama", n_layer, n_ff)
+    stats = [DatasetStats(n, t, "test", 1, rng.random((n_layer, n_ff)).astype(np.float32), np.full(n_layer, 10))
+             for n, t in [("a", "qa"), ("b", "text")]]
+    return Profile(info, stats)
+
+
+def test_profile_ranking_layout(models, tmp_path):
+    src = models("tiny-llama", "F32")
+    prof = profile_for(src)
+    prof.save(tmp_path / "p.safetensors")
+    out = tmp_path / "si.gguf"
+    convert(src, out, profile=tmp_path / "p.safetensors", task="qa", load_ratio=0.5, static_ratio=0.2,
+            layers="0:3", progress=False)
+    r = GGUFReader(str(out))
+    n_static, n_load = round(0.2 * 768), round(0.5 * 768)
+    base, secondary = ranking(prof.task_scores("qa")), ranking(prof.model_scores())
+    for il, ids in kept_ids(out).items():
+        assert len(ids) == n_load and len(set(ids.tolist())) == n_load
+        assert ids[:n_static].tolist() == base[il, :n_static].tolist(), "static neurons first, task ranking order"
+        rest = [i for i in secondary[il] if i not in set(base[il, :n_static].tolist())][: n_load - n_static]
+        assert ids[n_static:].tolist() == rest, "then the model-wide ranking"
+    assert field(r, "llama.feed_forward_length") == [n_load] * 3
+    assert field(r, "selectinfer.static_counts") == [n_static] * 3
+    assert field(r, "selectinfer.task") == "qa"
+    assert field(r, "selectinfer.profile_digest") == sha256_file(tmp_path / "p.safetensors")
+    assert field(r, "selectinfer.source_digest") == sha256_file(src)
+    text = inspect(out)
+    assert "task 'qa'" in text and "load (gamma) 0.500" in text and "layers 0..2 (3 of 3)" in text
+    assert "a dense model" in inspect(src)
+
+
+def test_random_ranking_is_seeded(models):
+    a = plan_layers(100, range(2), 0.5, 0.1, seed=1)
+    b = plan_layers(100, range(2), 0.5, 0.1, seed=1)
+    c = plan_layers(100, range(2), 0.5, 0.1, seed=2)
+    assert all(np.array_equal(a[i].neuron_ids, b[i].neuron_ids) for i in a)
+    assert not np.array_equal(a[0].neuron_ids, c[0].neuron_ids)
+
+
+def test_memory_budget_picks_the_largest_fitting_gamma(models, tmp_path):
+    src = models("tiny-llama", "Q8_0")
+    reader = GGUFReader(str(src))
+    budget = (estimate_output_bytes(reader, range(0, 3), 300) + estimate_output_bytes(reader, range(0, 3), 301)) // 2
+    out = tmp_path / "si.gguf"
+    r = convert(src, out, ranking="random", static_ratio=0.1, layers="0:3", memory_budget=str(budget), progress=False)
+    assert r.load_ratio == pytest.approx(300 / 768)
+    tensor_bytes = sum(int(t.n_bytes) for t in GGUFReader(str(out)).tensors)
+    assert tensor_bytes == estimate_output_bytes(reader, range(0, 3), 300) - 4 * 300 * 3  # ids are metadata
+    with pytest.raises(ConvertError, match="too small"):
+        convert(src, tmp_path / "x.gguf", ranking="random", static_ratio=0.5, memory_budget="10K", progress=False)
+
+
+def test_default_layer_rule():
+    assert default_layers(28) == range(4, 25)  # Llama-3.2-3B: layers 4..24, the reference setting
+    assert default_layers(30) == range(4, 27)
+
+
+def test_unpatched_upstream_refuses_cleanly(models, tmp_path):
+    """What stock llama.cpp (llama-cpp-python 0.3.36 from the same sdist) does with a SelectInfer GGUF."""
+    import subprocess
+    from pathlib import Path
+
+    python = Path(__file__).resolve().parents[1] / "build" / "upstream-venv" / "bin" / "python"
+    if not python.exists():
+        pytest.skip("stock llama.cpp not built: `make upstream` builds it (make test does)")
+    out = tmp_path / "si.gguf"
+    convert(models("tiny-llama", "F16"), out, ranking="random", load_ratio=0.5, static_ratio=0.2, progress=False)
+    code = ("import sys\nfrom llama_cpp import Llama\n"
+            "try:\n    Llama(model_path=sys.argv[1], verbose=True)\nexcept ValueError as e:\n    print('refused:', e)\n")
+    proc = subprocess.run([python, "-c", code, str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "refused: Failed to load model from file" in proc.stdout
+    assert "tensor 'blk.0.ffn_down.weight' not found" in proc.stderr
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"load_ratio": 1.2}, r"load ratio \(gamma\) must be in \(0, 1\]"),
+    ({"load_ratio": 0.0}, r"load ratio \(gamma\) must be in \(0, 1\]"),
+    ({"static_ratio": -0.1}, r"static ratio \(delta\) must be in \[0, 1\]"),
+    ({"load_ratio": 0.3, "static_ratio": 0.5}, "cannot exceed the load ratio"),
+    ({"layers": "2:9"}, "outside the model's layers 0:3"),
+    ({"layers": "x"}, "is not START:END"),
+    ({"ranking": "magic"}, "ranking must be"),
+])
+def test_bad_arguments(models, tmp_path, kwargs, match):
+    out = tmp_path / "out.gguf"
+    with pytest.raises(ConvertError, match=match):
+        convert(models("tiny-llama", "F32"), out, **{"ranking": "random", **kwargs}, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_profile_of_another_model(models, tmp_path):
+    src, other = models("tiny-llama", "F32"), models("tiny-llama", "F16")
+    profile_for(other).save(tmp_path / "other.safetensors")
+    with pytest.raises(ProfileError, match="another model file"):
+        convert(src, tmp_path / "o.gguf", profile=tmp_path / "other.safetensors", task="qa", progress=False)
+    prof = profile_for(src, n_ff=100)
+    prof.save(tmp_path / "shape.safetensors")
+    with pytest.raises(ProfileError, match="3 layers x 100 FFN neurons"):
+        convert(src, tmp_path / "o.gguf", profile=tmp_path / "shape.safetensors", task="qa", progress=False)
+    profile_for(src).save(tmp_path / "mine.safetensors")
+    with pytest.raises(ProfileError, match="no dataset of task 'translation'"):
+        convert(src, tmp_path / "o.gguf", profile=tmp_path / "mine.safetensors", task="translation", progress=False)
+    with pytest.raises(ConvertError, match="a profile is needed"):
+        convert(src, tmp_path / "o.gguf", progress=False)
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_unsupported_architecture_and_inputs(tmp_path):
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(tmp_path / "gpt2.gguf"), "gpt2")
+    w.add_block_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ConvertError, match="unsupported architecture 'gpt2'"):
+        convert(tmp_path / "gpt2.gguf", tmp_path / "o.gguf", ranking="random", progress=False)
+    (tmp_path / "junk.gguf").write_bytes(b"junk" * 10)
+    with pytest.raises(ConvertError, match="not a readable GGUF"):
+        convert(tmp_path / "junk.gguf", tmp_path / "o.gguf", ranking="random", progress=False)
+    with pytest.raises(FileNotFoundError):
+        convert(tmp_path / "missing.gguf", tmp_path / "o.gguf", ranking="random", progress=False)
+
+
+def test_unwritable_output_and_reconversion(models, tmp_path):
+    src = models("tiny-llama", "F32")
+    with pytest.raises(ConvertError, match="does not exist or is not writable"):
+        convert(src, tmp_path / "no-such-dir" / "o.gguf", ranking="random", progress=False)
+    out = tmp_path / "si.gguf"
+    convert(src, out, ranking="random", progress=False)
+    with pytest.raises(ConvertError, match="already a SelectInfer GGUF"):
+        convert(out, tmp_path / "again.gguf", ranking="random", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["si.gguf"]
+
+
+def test_truncated_si_file_is_refused(models, tmp_path):
+    out = tmp_path / "si.gguf"
+    convert(models("tiny-llama", "F32"), out, ranking="random", progress=False)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(out.read_bytes()[: out.stat().st_size // 2])
+    with pytest.raises(ModelLoadError, match="not within the file bounds"):
+        Model(cut)
