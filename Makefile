@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 PROMPT ?= The capital of France is
 
-.PHONY: demo test install install-test dev clean
+.PHONY: demo test install install-test upstream dev clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,13 @@ demo: install
 	$(BIN)/selectinfer pull smollm2-135m
 	$(BIN)/selectinfer-cli -m "$$($(BIN)/selectinfer pull -q smollm2-135m)" -p "$(PROMPT)" -n 48 --temp 0
 
-test: install-test
+# Stock llama.cpp (llama-cpp-python 0.3.36 from the same sdist, unpatched) for the parity tests.
+UPSTREAM := build/upstream-venv/bin/python
+$(UPSTREAM):
+	$(PY) scripts/check_upstream_parity.py --build-only
+upstream: install $(UPSTREAM)
+
+test: install-test upstream
 	$(PY) -m pytest -v
 
 # Developer loop: editable install with the build tree kept in build/; rerun after editing cpp/.

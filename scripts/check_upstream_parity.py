@@ -75,7 +75,11 @@ def main() -> int:
     parser.add_argument("-t", "--threads", type=int, default=2)
     parser.add_argument("--venv", type=Path, default=REPO / "build" / "upstream-venv")
     parser.add_argument("--tolerance", type=float, default=1e-4)
+    parser.add_argument("--build-only", action="store_true", help="only build the stock llama-cpp-python venv")
     args = parser.parse_args()
+    if args.build_only:
+        ensure_upstream_venv(args.venv)
+        return 0
 
     from selectinfer import pull
 
