@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, replace
 
 import numpy as np
+from tqdm import tqdm
 from gguf import GGMLQuantizationType, GGUFWriter, TokenType
 
 from . import _native
@@ -43,6 +44,14 @@ class ModelShape:
 SHAPES: dict[str, ModelShape] = {
     "tiny-llama": ModelShape(),
     "tiny-qwen2": ModelShape(arch="qwen2", n_embd=64, n_ff=160, n_layer=3, n_head=8, n_head_kv=2, tied_embeddings=True),
+    # paper-scale shapes (random weights measure speed and memory honestly)
+    "llama-3.2-1b": ModelShape(n_vocab=128256, n_embd=2048, n_ff=8192, n_layer=16, n_head=32, n_head_kv=8,
+                               n_ctx_train=131072, rope_freq_base=500000.0, tied_embeddings=True),
+    "llama-3.2-3b": ModelShape(n_vocab=128256, n_embd=3072, n_ff=8192, n_layer=28, n_head=24, n_head_kv=8,
+                               n_ctx_train=131072, rope_freq_base=500000.0, tied_embeddings=True),
+    "qwen2.5-3b": ModelShape(arch="qwen2", n_vocab=151936, n_embd=2048, n_ff=11008, n_layer=36, n_head=16,
+                             n_head_kv=2, n_ctx_train=32768, rope_freq_base=1000000.0, rms_norm_eps=1e-6,
+                             tied_embeddings=True),
 }
 
 WEIGHT_TYPES = {name: GGMLQuantizationType[name] for name in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")}
@@ -67,45 +76,78 @@ def tokenizer_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
-def random_weights(shape: ModelShape, seed: int = 0) -> dict[str, np.ndarray]:
-    """float32 weights by GGUF tensor name; matrices as (out_features, in_features)."""
-    rng = np.random.default_rng(seed)
-
-    def matrix(rows: int, cols: int) -> np.ndarray:
-        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
-
-    def norm(n: int) -> np.ndarray:
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-
+def tensor_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
+    """GGUF tensor names and numpy shapes; matrices as (out_features, in_features)."""
     e, hd = shape.n_embd, shape.head_dim
-    w = {"token_embd.weight": rng.standard_normal((shape.n_vocab, e)).astype(np.float32)}
+    t = {"token_embd.weight": (shape.n_vocab, e)}
     for i in range(shape.n_layer):
         p = f"blk.{i}."
-        w[p + "attn_norm.weight"] = norm(e)
-        w[p + "attn_q.weight"] = matrix(shape.n_head * hd, e)
-        w[p + "attn_k.weight"] = matrix(shape.n_head_kv * hd, e)
-        w[p + "attn_v.weight"] = matrix(shape.n_head_kv * hd, e)
+        t[p + "attn_norm.weight"] = (e,)
+        t[p + "attn_q.weight"] = (shape.n_head * hd, e)
+        t[p + "attn_k.weight"] = (shape.n_head_kv * hd, e)
+        t[p + "attn_v.weight"] = (shape.n_head_kv * hd, e)
         if shape.arch == "qwen2":
-            for t, n in (("q", shape.n_head), ("k", shape.n_head_kv), ("v", shape.n_head_kv)):
-                w[p + f"attn_{t}.bias"] = (0.1 * rng.standard_normal(n * hd)).astype(np.float32)
-        w[p + "attn_output.weight"] = matrix(e, shape.n_head * hd)
-        w[p + "ffn_norm.weight"] = norm(e)
-        w[p + "ffn_gate.weight"] = matrix(shape.n_ff, e)
-        w[p + "ffn_up.weight"] = matrix(shape.n_ff, e)
-        w[p + "ffn_down.weight"] = matrix(e, shape.n_ff)
-    w["output_norm.weight"] = norm(e)
+            for name, n in (("q", shape.n_head), ("k", shape.n_head_kv), ("v", shape.n_head_kv)):
+                t[p + f"attn_{name}.bias"] = (n * hd,)
+        t[p + "attn_output.weight"] = (e, shape.n_head * hd)
+        t[p + "ffn_norm.weight"] = (e,)
+        t[p + "ffn_gate.weight"] = (shape.n_ff, e)
+        t[p + "ffn_up.weight"] = (shape.n_ff, e)
+        t[p + "ffn_down.weight"] = (e, shape.n_ff)
+    t["output_norm.weight"] = (e,)
     if not shape.tied_embeddings:
-        w["output.weight"] = matrix(shape.n_vocab, e)
-    return w
+        t["output.weight"] = (shape.n_vocab, e)
+    return t
 
 
-def write_gguf(path: str | os.PathLike, shape: ModelShape, weights: dict[str, np.ndarray],
-               weight_type: str = "F32", chat_template: str | None = CHATML_TEMPLATE) -> None:
+def random_tensor(name: str, dims: tuple[int, ...], seed: int, index: int) -> np.ndarray:
+    """One float32 tensor, seeded by (seed, index) so tensors can be made in any order, one at a time:
+    embeddings N(0, 1), matrices N(0, 1/fan_in), norms 1 + N(0, 0.01), biases N(0, 0.01)."""
+    rng = np.random.default_rng([seed, index])
+    values = rng.standard_normal(dims, dtype=np.float32)
+    if name.endswith("norm.weight"):
+        return 1.0 + 0.1 * values
+    if name.endswith(".bias"):
+        return 0.1 * values
+    if name == "token_embd.weight":
+        return values
+    values *= np.float32(1.0 / np.sqrt(dims[1]))
+    return values
+
+
+def random_weights(shape: ModelShape, seed: int = 0) -> dict[str, np.ndarray]:
+    """All weights in memory (small models); write_gguf makes large ones tensor by tensor."""
+    return {name: random_tensor(name, dims, seed, i) for i, (name, dims) in enumerate(tensor_shapes(shape).items())}
+
+
+def _stored(dims: tuple[int, ...], qtype: GGMLQuantizationType) -> tuple[tuple[int, ...], np.dtype, int, bool]:
+    """How a float tensor is stored: (numpy shape to declare, dtype, bytes, quantized?)."""
+    if len(dims) == 1 or qtype == GGMLQuantizationType.F32:
+        return dims, np.dtype(np.float32), 4 * int(np.prod(dims)), False
+    if qtype == GGMLQuantizationType.F16:
+        return dims, np.dtype(np.float16), 2 * int(np.prod(dims)), False
+    row = _native.row_bytes(int(qtype), dims[1])
+    return (dims[0], row), np.dtype(np.uint8), dims[0] * row, True
+
+
+def _encode(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    if values.ndim == 1 or qtype == GGMLQuantizationType.F32:
+        return values.astype(np.float32, copy=False)
+    if qtype == GGMLQuantizationType.F16:
+        return values.astype(np.float16)
+    return _native.quantize_rows(int(qtype), values)  # ggml's own quantizer
+
+
+def write_gguf(path: str | os.PathLike, shape: ModelShape, weights: dict[str, np.ndarray] | None = None,
+               weight_type: str = "F32", chat_template: str | None = CHATML_TEMPLATE, seed: int = 0,
+               progress: bool = False) -> None:
     """Writes a GGUF llama.cpp can load: hyperparameters, tokenizer, and the weights with every
-    matrix stored as `weight_type` (1-D tensors stay F32)."""
+    matrix stored as `weight_type` (1-D tensors stay F32). Without `weights`, random weights are
+    made and written one tensor at a time, so paper-scale models need little memory."""
     if weight_type not in WEIGHT_TYPES:
         raise ValueError(f"weight_type must be one of {', '.join(WEIGHT_TYPES)}, got {weight_type!r}")
     qtype = WEIGHT_TYPES[weight_type]
+    dims_of = {name: tuple(v.shape) for name, v in weights.items()} if weights is not None else tensor_shapes(shape)
     with atomic_path(path) as tmp:
         writer = GGUFWriter(str(tmp), shape.arch)
         writer.add_name(f"selectinfer-random-{shape.arch}")
@@ -128,23 +170,22 @@ def write_gguf(path: str | os.PathLike, shape: ModelShape, weights: dict[str, np
         writer.add_add_bos_token(True)
         if chat_template:
             writer.add_chat_template(chat_template)
-        for name, value in weights.items():
-            if value.ndim == 2 and qtype == GGMLQuantizationType.F16:
-                writer.add_tensor(name, value.astype(np.float16))
-            elif value.ndim == 2 and qtype != GGMLQuantizationType.F32:  # with ggml's own quantizer
-                writer.add_tensor(name, _native.quantize_rows(int(qtype), value), raw_dtype=qtype)
-            else:
-                writer.add_tensor(name, value.astype(np.float32))
+        for name, dims in dims_of.items():
+            declared, dtype, nbytes, quantized = _stored(dims, qtype)
+            writer.add_tensor_info(name, declared, dtype, nbytes, raw_dtype=qtype if quantized else None)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
+        writer.write_ti_data_to_file()
+        for i, (name, dims) in enumerate(tqdm(dims_of.items(), desc="write", unit="tensor", disable=not progress)):
+            values = weights[name] if weights is not None else random_tensor(name, dims, seed, i)
+            writer.write_tensor_data(_encode(values, qtype))
         writer.close()
 
 
 def make_model(path: str | os.PathLike, name_or_shape: str | ModelShape = "tiny-llama", *, weight_type: str = "F32",
-               seed: int = 0, **overrides) -> ModelShape:
+               seed: int = 0, progress: bool = False, **overrides) -> ModelShape:
     """Writes a random-weight model of a named (or given) shape; returns the shape."""
     shape = SHAPES[name_or_shape] if isinstance(name_or_shape, str) else name_or_shape
     shape = replace(shape, **overrides)
-    write_gguf(path, shape, random_weights(shape, seed), weight_type)
+    write_gguf(path, shape, None, weight_type, seed=seed, progress=progress)
     return shape
