@@ -1,6 +1,7 @@
 // selectinfer._native: a thin binding of engine.h. The Python API (python/selectinfer/model.py)
 // builds the user-facing Model on top of it.
 #include "engine.h"
+#include "gguf_meta.h"
 #include "quant_rows.h"
 
 #include <pybind11/numpy.h>
@@ -14,6 +15,27 @@ namespace py = pybind11;
 using namespace selectinfer;
 
 namespace {
+
+py::dict header_dict(const GgufHeader & h) {
+    py::dict kv;
+    for (const auto & [key, value] : h.kv) kv[py::str(key)] = py::cast(value);
+    py::list tensors;
+    for (const auto & t : h.tensors) {
+        py::dict d;
+        d["name"] = t.name;
+        d["type"] = t.type;
+        d["ne"] = t.ne;
+        d["offset"] = t.offset;
+        d["nbytes"] = t.nbytes;
+        tensors.append(d);
+    }
+    py::dict out;
+    out["kv"] = kv;
+    out["tensors"] = tensors;
+    out["data_offset"] = h.data_offset;
+    out["alignment"] = h.alignment;
+    return out;
+}
 
 py::array_t<float> to_array(std::vector<float> && values, std::vector<py::ssize_t> shape) {
     auto * heap = new std::vector<float>(std::move(values));
@@ -36,6 +58,20 @@ PYBIND11_MODULE(_native, m) {
     m.def("quantize_model", &quantize_model, py::arg("input_path"), py::arg("output_path"), py::arg("type_name"),
           py::arg("n_threads") = 0, py::call_guard<py::gil_scoped_release>());
 
+    m.def("read_gguf_header", [](const std::string & path) { return header_dict(read_gguf_header(path)); },
+          py::arg("path"), "GGUF metadata and tensor infos (offsets from the data section), without tensor data");
+    m.def("write_gguf_header",
+          [](const std::string & src, const std::string & out, const std::vector<std::string> & remove,
+             const std::vector<std::tuple<std::string, std::string, GgufValue>> & set,
+             const std::vector<std::tuple<std::string, int, std::vector<int64_t>>> & tensors) {
+              std::vector<NewKey> keys;
+              for (const auto & [k, type, value] : set) keys.push_back({k, type, value});
+              std::vector<GgufTensor> infos;
+              for (const auto & [name, type, ne] : tensors) infos.push_back({name, type, ne, 0, 0});
+              return header_dict(write_gguf_header(src, out, remove, keys, infos));
+          },
+          py::arg("src"), py::arg("out"), py::arg("remove"), py::arg("set"), py::arg("tensors"),
+          "writes a GGUF header: the keys of src (minus remove, plus set) and the tensor infos; returns offsets");
     m.def("row_bytes", &row_bytes, py::arg("type"), py::arg("n_per_row"));
     m.def("quantize_rows",
           [](int type, py::array_t<float, py::array::c_style | py::array::forcecast> rows) {

@@ -7,7 +7,8 @@ from gguf import GGUFReader
 from reference import ReferenceModel
 
 from selectinfer import Model, ModelLoadError
-from selectinfer.convert import ConvertError, convert, default_layers, estimate_output_bytes, inspect, plan_layers
+from selectinfer.convert import (ConvertError, SourceGGUF, convert, default_layers, estimate_output_bytes, inspect,
+                                 plan_layers)
 from selectinfer.profiles import DatasetStats, ModelInfo, Profile, ProfileError, ranking
 from selectinfer.paths import sha256_file
 from selectinfer.synthetic import make_model
@@ -164,13 +165,13 @@ def test_random_ranking_is_seeded(models):
 
 def test_memory_budget_picks_the_largest_fitting_gamma(models, tmp_path):
     src = models("tiny-llama", "Q8_0")
-    reader = GGUFReader(str(src))
-    budget = (estimate_output_bytes(reader, range(0, 3), 300) + estimate_output_bytes(reader, range(0, 3), 301)) // 2
+    source = SourceGGUF(src)
+    budget = (estimate_output_bytes(source, range(0, 3), 300) + estimate_output_bytes(source, range(0, 3), 301)) // 2
     out = tmp_path / "si.gguf"
     r = convert(src, out, ranking="random", static_ratio=0.1, layers="0:3", memory_budget=str(budget), progress=False)
     assert r.load_ratio == pytest.approx(300 / 768)
     tensor_bytes = sum(int(t.n_bytes) for t in GGUFReader(str(out)).tensors)
-    assert tensor_bytes == estimate_output_bytes(reader, range(0, 3), 300) - 4 * 300 * 3  # ids are metadata
+    assert tensor_bytes == estimate_output_bytes(source, range(0, 3), 300)
     with pytest.raises(ConvertError, match="too small"):
         convert(src, tmp_path / "x.gguf", ranking="random", static_ratio=0.5, memory_budget="10K", progress=False)
 

@@ -66,6 +66,13 @@ def _cmd_inspect(args: argparse.Namespace) -> None:
     print(inspect(args.file))
 
 
+def _cmd_random_model(args: argparse.Namespace) -> None:
+    from .synthetic import make_model
+
+    make_model(args.output, args.shape, weight_type=args.type, seed=args.seed, progress=True)
+    print(args.output)
+
+
 def _cmd_models(args: argparse.Namespace) -> None:
     for m in registry.MODELS.values():
         print(f"{m.name:16s} {m.package}=={m.version}  {m.description} ({m.license})")
@@ -139,6 +146,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="metadata and per-layer widths of a (SelectInfer) GGUF")
     p.add_argument("file")
     p.set_defaults(func=_cmd_inspect)
+
+    from .synthetic import SHAPES, WEIGHT_TYPES
+
+    p = sub.add_parser("random-model", help="write a random-weight GGUF of a known shape (for speed/memory benchmarks)")
+    p.add_argument("shape", choices=sorted(SHAPES))
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--type", default="F16", choices=sorted(WEIGHT_TYPES))
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_random_model)
 
     sub.add_parser("models", help="list the registry models").set_defaults(func=_cmd_models)
     sub.add_parser("info", help="llama.cpp version and CPU features").set_defaults(func=_cmd_info)

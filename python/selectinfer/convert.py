@@ -20,11 +20,12 @@ quantizer); gate and up are never re-quantized.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType
 from tqdm import tqdm
 
 from . import _native
@@ -107,42 +108,62 @@ def plan_layers(n_ff: int, layers: range, load_ratio: float, static_ratio: float
     return plans
 
 
-# --- GGUF helpers ---------------------------------------------------------------------------------
+# --- reading the source ----------------------------------------------------------------------
 
-def _field(reader: GGUFReader, key: str, default=None):
-    f = reader.get_field(key)
-    return default if f is None else f.contents()
+class SourceGGUF:
+    """A GGUF's metadata (read by ggml's gguf code: fast) and its tensors as memory-mapped views."""
 
+    def __init__(self, path: Path):
+        try:
+            header = _native.read_gguf_header(str(path))
+        except RuntimeError:
+            raise ConvertError(f"{path} is not a readable GGUF file; pass a .gguf model") from None
+        self.path = path
+        self.kv: dict = header["kv"]
+        self.tensors: list[dict] = header["tensors"]
+        self.data_offset: int = header["data_offset"]
+        self._map = np.memmap(path, dtype=np.uint8, mode="r")
 
-def _tensor_rows(t) -> np.ndarray:
-    """A tensor's data as uint8 rows [n_rows, row_bytes] (quantized) or typed rows [n_rows, n]."""
-    data = np.asarray(t.data)
-    return data.reshape(int(np.prod(t.shape[1:])), -1) if data.ndim != 2 else data
+    def get(self, key: str, default=None):
+        value = self.kv.get(key)
+        return default if value is None else value
 
-
-def _down_transposed(t, ids: np.ndarray) -> tuple[np.ndarray, GGMLQuantizationType]:
-    """Kept columns of ffn_down ([n_embd, n_ff] as numpy rows) as rows: [n_loaded, n_embd]."""
-    qtype = GGMLQuantizationType(t.tensor_type)
-    n_ff, n_embd = int(t.shape[0]), int(t.shape[1])
-    rows = np.asarray(t.data)
-    if qtype == GGMLQuantizationType.F32:
-        return np.ascontiguousarray(rows.reshape(n_embd, n_ff)[:, ids].T), qtype
-    if qtype == GGMLQuantizationType.F16:
-        return np.ascontiguousarray(rows.reshape(n_embd, n_ff)[:, ids].T), qtype
-    if qtype == GGMLQuantizationType.BF16:  # raw 16-bit words -> F16 (see DOWN_T_TYPE)
-        words = rows.view(np.uint16).reshape(n_embd, n_ff)[:, ids].T.astype(np.uint32) << 16
-        return np.ascontiguousarray(words.view(np.float32).astype(np.float16)), GGMLQuantizationType.F16
-    dense = _native.dequantize_rows(int(qtype), np.ascontiguousarray(rows.reshape(n_embd, -1)), n_ff)
-    return _native.quantize_rows(int(qtype), np.ascontiguousarray(dense[:, ids].T)), qtype
+    def rows(self, t: dict) -> np.ndarray:
+        """The tensor's bytes as rows: uint8 [n_rows, row_bytes]."""
+        start = self.data_offset + t["offset"]
+        n_rows = int(np.prod(t["ne"][1:]))
+        return self._map[start: start + t["nbytes"]].reshape(n_rows, -1)
 
 
-def _copy_fields(reader: GGUFReader, writer: GGUFWriter, skip: set[str]) -> None:
-    for key, f in reader.fields.items():
-        if key.startswith("GGUF.") or key in skip:
-            continue
-        vtype = f.types[0]
-        sub = f.types[-1] if vtype == GGUFValueType.ARRAY and len(f.types) > 1 else None
-        writer.add_key_value(key, f.contents(), vtype, sub)
+def _layer_kind(name: str) -> tuple[int, str]:
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight":
+        return int(parts[1]), parts[2]
+    return -1, ""
+
+
+def _gather_transposed(matrix: np.ndarray, ids: np.ndarray, block: int = 256) -> np.ndarray:
+    """matrix[:, ids].T as a contiguous array, in blocks of rows so that both sides stay in cache."""
+    out = np.empty((len(ids), matrix.shape[0]), dtype=matrix.dtype)
+    for r in range(0, matrix.shape[0], block):
+        out[:, r: r + block] = matrix[r: r + block][:, ids].T
+    return out
+
+
+def _down_transposed(src: SourceGGUF, t: dict, ids: np.ndarray) -> np.ndarray:
+    """The kept columns of ffn_down ([n_embd rows of n_ff] in numpy order) as rows [n_loaded, n_embd],
+    encoded in DOWN_T_TYPE.get(type, type)."""
+    qtype = GGMLQuantizationType(t["type"])
+    n_ff, n_embd = t["ne"][0], t["ne"][1]
+    rows = src.rows(t)
+    if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+        dtype = np.float32 if qtype == GGMLQuantizationType.F32 else np.float16
+        return _gather_transposed(rows.view(dtype), ids)
+    if qtype == GGMLQuantizationType.BF16:  # 16-bit words -> F16 (see DOWN_T_TYPE)
+        words = _gather_transposed(rows.view(np.uint16), ids).astype(np.uint32) << 16
+        return words.view(np.float32).astype(np.float16)
+    dense = _native.dequantize_rows(int(qtype), np.ascontiguousarray(rows), n_ff)
+    return _native.quantize_rows(int(qtype), _gather_transposed(dense, ids))
 
 
 @dataclass
@@ -155,23 +176,28 @@ class ConvertResult:
     output_bytes: int
 
 
-def estimate_output_bytes(reader: GGUFReader, layers: range, n_load: int) -> int:
-    """Tensor bytes of the converted file for n_load neurons per sparsified layer."""
-    total = 0
-    for t in reader.tensors:
-        parts = t.name.split(".")
-        if len(parts) == 4 and parts[0] == "blk" and int(parts[1]) in layers and parts[2] in ("ffn_gate", "ffn_up", "ffn_down"):
-            n_ff = int(t.shape[1]) if parts[2] != "ffn_down" else int(t.shape[0])
-            n_embd = int(t.shape[0]) if parts[2] != "ffn_down" else int(t.shape[1])
-            qtype = GGMLQuantizationType(t.tensor_type)
-            if parts[2] == "ffn_down":
-                qtype = DOWN_T_TYPE.get(qtype, qtype)
-            total += _native.row_bytes(int(qtype), n_embd) * n_load
-            if parts[2] == "ffn_down":
-                total += 4 * n_load  # neuron ids (metadata)
+def _output_tensors(src: SourceGGUF, plans: dict[int, LayerPlan]) -> list[tuple[str, int, list[int]]]:
+    """(name, ggml type, ne) of every output tensor, in the source's order."""
+    out = []
+    for t in src.tensors:
+        il, kind = _layer_kind(t["name"])
+        ne = [d for d in t["ne"]]
+        while len(ne) > 1 and ne[-1] == 1:
+            ne.pop()
+        if il in plans and kind in ("ffn_gate", "ffn_up"):
+            out.append((t["name"], t["type"], [ne[0], len(plans[il].neuron_ids)]))
+        elif il in plans and kind == "ffn_down":
+            down_type = int(DOWN_T_TYPE.get(GGMLQuantizationType(t["type"]), GGMLQuantizationType(t["type"])))
+            out.append((f"blk.{il}.ffn_down_t.weight", down_type, [ne[1], len(plans[il].neuron_ids)]))
         else:
-            total += int(t.n_bytes)
-    return total
+            out.append((t["name"], t["type"], ne))
+    return out
+
+
+def estimate_output_bytes(src: SourceGGUF, layers: range, n_load: int) -> int:
+    """Tensor bytes of the converted file for n_load neurons per sparsified layer."""
+    fake = {il: LayerPlan(np.zeros(n_load, dtype=np.int32), 0) for il in layers}
+    return sum(_native.row_bytes(ty, ne[0]) * int(np.prod(ne[1:])) for _, ty, ne in _output_tensors(src, fake))
 
 
 def parse_size(text: str) -> int:
@@ -188,20 +214,44 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-def fit_load_ratio(reader: GGUFReader, layers: range, n_ff: int, static_ratio: float, budget_bytes: int) -> float:
+def fit_load_ratio(src: SourceGGUF, layers: range, n_ff: int, static_ratio: float, budget_bytes: int) -> float:
     """The largest gamma (in steps of one neuron) whose converted weights fit budget_bytes."""
     lo, hi = max(1, round(static_ratio * n_ff)), n_ff
-    if estimate_output_bytes(reader, layers, lo) > budget_bytes:
-        need = estimate_output_bytes(reader, layers, lo)
+    need = estimate_output_bytes(src, layers, lo)
+    if need > budget_bytes:
         raise ConvertError(f"the budget of {budget_bytes / 2**20:.1f} MiB is too small: even gamma = delta "
                            f"({static_ratio}) needs {need / 2**20:.1f} MiB; lower --static-ratio or sparsify more layers")
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if estimate_output_bytes(reader, layers, mid) <= budget_bytes:
+        if estimate_output_bytes(src, layers, mid) <= budget_bytes:
             lo = mid
         else:
             hi = mid - 1
     return lo / n_ff
+
+
+class _Sha256InBackground(threading.Thread):
+    """Hashes a file while the conversion runs (both mostly wait on memory and disk)."""
+
+    def __init__(self, path: Path):
+        super().__init__(daemon=True)
+        self.path, self.digest, self.error = path, None, None
+        self.start()
+
+    def run(self):
+        try:
+            self.digest = sha256_file(self.path)
+        except OSError as e:
+            self.error = e
+
+    def result(self) -> str:
+        self.join()
+        if self.error:
+            raise self.error
+        return self.digest
+
+
+_DIGEST_PLACEHOLDER = "pending-sha256-".ljust(64, "x")  # same length as a hex sha256
 
 
 def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile: str | os.PathLike | None = None,
@@ -214,109 +264,81 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
         raise FileNotFoundError(f"model file not found: {model_path}")
     if ranking not in ("profile", "random"):
         raise ConvertError(f"ranking must be 'profile' or 'random', got '{ranking}'")
-    try:
-        reader = GGUFReader(str(model_path))
-    except (ValueError, OSError) as e:
-        raise ConvertError(f"{model_path} is not a readable GGUF file ({e})") from None
-    arch = _field(reader, "general.architecture")
+    src = SourceGGUF(model_path)
+    arch = src.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise ConvertError(f"unsupported architecture '{arch}'; selectinfer converts {', '.join(SUPPORTED_ARCHS)}")
-    if _field(reader, "selectinfer.format_version") is not None:
+    if src.get("selectinfer.format_version") is not None:
         raise ConvertError(f"{model_path} is already a SelectInfer GGUF; convert the original model")
-    n_layer = int(_field(reader, f"{arch}.block_count"))
-    n_ff = int(_field(reader, f"{arch}.feed_forward_length"))
+    n_layer = int(src.get(f"{arch}.block_count"))
+    n_ff = int(src.get(f"{arch}.feed_forward_length"))
     layer_range = parse_layers(layers, n_layer)
 
-    source_digest = sha256_file(model_path)
     prof = None
     if ranking == "profile":
         if profile is None:
             raise ConvertError("a profile is needed (--profile FILE), or use --ranking random")
         prof = Profile.load(profile)
-        prof.check_model(source_digest, n_layer, n_ff)
+        prof.check_model(prof.model.digest, n_layer, n_ff)  # the shape now; the file digest below
         if task is None:
             raise ConvertError(f"choose the task whose neurons stay static (--task); the profile has: "
                                f"{', '.join(prof.tasks())}")
         prof.task_scores(task)  # fails clearly for a task the profile lacks
     if memory_budget is not None:
-        load_ratio = fit_load_ratio(reader, layer_range, n_ff, static_ratio, parse_size(memory_budget))
+        load_ratio = fit_load_ratio(src, layer_range, n_ff, static_ratio, parse_size(memory_budget))
     plans = plan_layers(n_ff, layer_range, load_ratio, static_ratio, profile=prof, task=task, seed=seed)
 
     out_dir = output.parent if str(output.parent) else Path(".")
     if not out_dir.is_dir() or not os.access(out_dir, os.W_OK):
         raise ConvertError(f"cannot write {output}: folder {out_dir} does not exist or is not writable")
+    source_digest = _Sha256InBackground(model_path)
     widths = [len(plans[il].neuron_ids) if il in plans else n_ff for il in range(n_layer)]
+    keys = [
+        (f"{arch}.feed_forward_length", "arr_u32", widths),
+        ("selectinfer.format_version", "u32", SI_FORMAT_VERSION),
+        ("selectinfer.task", "str", task or ""),
+        ("selectinfer.ranking", "str", ranking),
+        ("selectinfer.seed", "u32", seed),
+        ("selectinfer.load_ratio", "f32", float(load_ratio)),
+        ("selectinfer.static_ratio", "f32", float(static_ratio)),
+        ("selectinfer.original_feed_forward_length", "u32", n_ff),
+        ("selectinfer.source_digest", "str", _DIGEST_PLACEHOLDER),
+        ("selectinfer.profile_digest", "str", sha256_file(profile) if prof else ""),
+        ("selectinfer.layers", "arr_i32", list(layer_range)),
+        ("selectinfer.static_counts", "arr_i32", [plans[il].n_static for il in layer_range]),
+    ]
+    # neuron ids are metadata, not tensors: llama.cpp refuses files with tensors it does not use
+    keys += [(f"selectinfer.neuron_ids.{il}", "arr_i32", plans[il].neuron_ids.tolist()) for il in layer_range]
+    tensors = _output_tensors(src, plans)
     with atomic_path(output) as tmp:
-        writer = GGUFWriter(str(tmp), arch)
-        _copy_fields(reader, writer, skip={"general.architecture", f"{arch}.feed_forward_length"})
-        writer.add_key_value(f"{arch}.feed_forward_length", widths, GGUFValueType.ARRAY, GGUFValueType.UINT32)
-        meta = {
-            "selectinfer.format_version": (SI_FORMAT_VERSION, GGUFValueType.UINT32),
-            "selectinfer.task": (task or "", GGUFValueType.STRING),
-            "selectinfer.ranking": (ranking, GGUFValueType.STRING),
-            "selectinfer.seed": (seed, GGUFValueType.UINT32),
-            "selectinfer.load_ratio": (float(load_ratio), GGUFValueType.FLOAT32),
-            "selectinfer.static_ratio": (float(static_ratio), GGUFValueType.FLOAT32),
-            "selectinfer.original_feed_forward_length": (n_ff, GGUFValueType.UINT32),
-            "selectinfer.source_digest": (source_digest, GGUFValueType.STRING),
-            "selectinfer.profile_digest": (sha256_file(profile) if prof else "", GGUFValueType.STRING),
-        }
-        for key, (value, vtype) in meta.items():
-            writer.add_key_value(key, value, vtype)
-        writer.add_key_value("selectinfer.layers", list(layer_range), GGUFValueType.ARRAY, GGUFValueType.INT32)
-        writer.add_key_value("selectinfer.static_counts", [plans[il].n_static for il in layer_range],
-                             GGUFValueType.ARRAY, GGUFValueType.INT32)
-        for il in layer_range:  # metadata, not tensors: llama.cpp requires every tensor to be used
-            writer.add_key_value(f"selectinfer.neuron_ids.{il}", plans[il].neuron_ids.tolist(),
-                                 GGUFValueType.ARRAY, GGUFValueType.INT32)
-
-        jobs = _tensor_jobs(reader, plans)
-        for name, shape, dtype, nbytes, raw, _ in jobs:
-            writer.add_tensor_info(name, shape, dtype, nbytes, raw_dtype=raw)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        total = sum(job[3] for job in jobs)
-        with tqdm(total=total, unit="B", unit_scale=True, desc="convert", disable=not progress) as bar:
-            for name, shape, dtype, nbytes, raw, make in jobs:
-                data = make()
-                writer.write_tensor_data(data)
-                bar.update(nbytes)
-        writer.close()
+        header = _native.write_gguf_header(str(model_path), str(tmp), [f"{arch}.feed_forward_length"], keys, tensors)
+        offsets = {t["name"]: t["offset"] for t in header["tensors"]}
+        total = sum(t["nbytes"] for t in header["tensors"])
+        with open(tmp, "r+b") as f, tqdm(total=total, unit="B", unit_scale=True, desc="convert",
+                                         disable=not progress) as bar:
+            for t_src, (name, _, _) in zip(src.tensors, tensors):
+                data = _converted_tensor(src, t_src, plans)
+                f.seek(header["data_offset"] + offsets[name])
+                f.write(memoryview(np.ascontiguousarray(data)).cast("B"))
+                bar.update(data.nbytes)
+            digest = source_digest.result()
+            if prof is not None:
+                prof.check_model(digest, n_layer, n_ff)
+            f.seek(0)
+            meta = f.read(header["data_offset"])
+            f.seek(meta.index(_DIGEST_PLACEHOLDER.encode()))
+            f.write(digest.encode())
     return ConvertResult(output, float(load_ratio), float(static_ratio), layer_range, model_path.stat().st_size,
                          output.stat().st_size)
 
 
-def _tensor_jobs(reader: GGUFReader, plans: dict[int, LayerPlan]) -> list:
-    """(name, numpy shape, dtype, nbytes, raw_dtype, make_data) for every output tensor, in order;
-    data is produced lazily so the conversion streams tensor by tensor."""
-    jobs = []
-    for t in reader.tensors:
-        parts = t.name.split(".")
-        il = int(parts[1]) if parts[0] == "blk" else -1
-        kind = parts[2] if len(parts) == 4 else ""
-        qtype = GGMLQuantizationType(t.tensor_type)
-        raw = None if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) else qtype
-        if il in plans and kind in ("ffn_gate", "ffn_up") and parts[3] == "weight":
-            ids = plans[il].neuron_ids
-            rows = _tensor_rows(t)
-            jobs.append((t.name, (len(ids), *rows.shape[1:]), rows.dtype, len(ids) * rows.shape[1] * rows.itemsize, raw,
-                         lambda rows=rows, ids=ids: np.ascontiguousarray(rows[ids])))
-        elif il in plans and kind == "ffn_down" and parts[3] == "weight":
-            ids = plans[il].neuron_ids
-            n_embd = int(t.shape[1])
-            out_type = DOWN_T_TYPE.get(qtype, qtype)
-            row_bytes = _native.row_bytes(int(out_type), n_embd)
-            dtype = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}.get(out_type, np.uint8)
-            shape = (len(ids), n_embd if dtype != np.uint8 else row_bytes)
-            out_raw = None if dtype != np.uint8 else out_type
-            jobs.append((f"blk.{il}.ffn_down_t.weight", shape, np.dtype(dtype), len(ids) * row_bytes, out_raw,
-                         lambda t=t, ids=ids: _down_transposed(t, ids)[0]))
-        else:
-            rows = np.asarray(t.data)
-            shape = tuple(int(d) for d in reversed(t.shape)) if rows.dtype != np.uint8 else rows.shape
-            jobs.append((t.name, shape, rows.dtype, int(t.n_bytes), raw, lambda rows=rows: rows))
-    return jobs
+def _converted_tensor(src: SourceGGUF, t: dict, plans: dict[int, LayerPlan]) -> np.ndarray:
+    il, kind = _layer_kind(t["name"])
+    if il in plans and kind in ("ffn_gate", "ffn_up"):
+        return src.rows(t)[plans[il].neuron_ids]  # rows copied byte for byte, any type
+    if il in plans and kind == "ffn_down":
+        return _down_transposed(src, t, plans[il].neuron_ids)
+    return src.rows(t)
 
 
 def inspect(path: str | os.PathLike) -> str:
@@ -324,33 +346,29 @@ def inspect(path: str | os.PathLike) -> str:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"file not found: {path}")
-    try:
-        reader = GGUFReader(str(path))
-    except (ValueError, OSError) as e:
-        raise ConvertError(f"{path} is not a readable GGUF file ({e})") from None
-    arch = _field(reader, "general.architecture", "?")
-    n_layer = int(_field(reader, f"{arch}.block_count", 0))
-    widths = _field(reader, f"{arch}.feed_forward_length")
+    src = SourceGGUF(path)
+    arch = src.get("general.architecture", "?")
+    n_layer = int(src.get(f"{arch}.block_count", 0))
+    widths = src.get(f"{arch}.feed_forward_length")
     widths = list(widths) if isinstance(widths, list) else [widths] * n_layer
-    ffn_types = sorted({GGMLQuantizationType(t.tensor_type).name for t in reader.tensors if ".ffn_" in t.name})
-    total = sum(int(t.n_bytes) for t in reader.tensors)
+    ffn_types = sorted({GGMLQuantizationType(t["type"]).name for t in src.tensors if ".ffn_" in t["name"]})
+    total = sum(t["nbytes"] for t in src.tensors)
     lines = [f"file          {path} ({path.stat().st_size / 2**20:.1f} MiB, tensors {total / 2**20:.1f} MiB)",
              f"architecture  {arch}, {n_layer} layers, FFN weight types {', '.join(ffn_types)}"]
-    version = _field(reader, "selectinfer.format_version")
+    version = src.get("selectinfer.format_version")
     if version is None:
         lines.append("selectinfer   none: a dense model")
         return "\n".join(lines)
-    layers = list(_field(reader, "selectinfer.layers"))
-    statics = dict(zip(layers, _field(reader, "selectinfer.static_counts")))
-    n_orig = int(_field(reader, "selectinfer.original_feed_forward_length"))
+    layers = list(src.get("selectinfer.layers"))
+    statics = dict(zip(layers, src.get("selectinfer.static_counts")))
+    n_orig = int(src.get("selectinfer.original_feed_forward_length"))
     lines += [
-        f"selectinfer   format v{version}, task '{_field(reader, 'selectinfer.task')}', "
-        f"ranking {_field(reader, 'selectinfer.ranking')}",
-        f"ratios        load (gamma) {_field(reader, 'selectinfer.load_ratio'):.3f}, "
-        f"static (delta) {_field(reader, 'selectinfer.static_ratio'):.3f} of the original {n_orig} neurons",
+        f"selectinfer   format v{version}, task '{src.get('selectinfer.task')}', ranking {src.get('selectinfer.ranking')}",
+        f"ratios        load (gamma) {src.get('selectinfer.load_ratio'):.3f}, "
+        f"static (delta) {src.get('selectinfer.static_ratio'):.3f} of the original {n_orig} neurons",
         f"sparsified    layers {layers[0]}..{layers[-1]} ({len(layers)} of {n_layer})",
-        f"source        sha256 {_field(reader, 'selectinfer.source_digest')}",
-        f"profile       sha256 {_field(reader, 'selectinfer.profile_digest') or '(random ranking)'}",
+        f"source        sha256 {src.get('selectinfer.source_digest')}",
+        f"profile       sha256 {src.get('selectinfer.profile_digest') or '(random ranking)'}",
         "layer  width  static",
     ]
     for il in range(n_layer):

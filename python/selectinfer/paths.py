@@ -20,6 +20,12 @@ def cache_dir() -> Path:
     return Path(xdg) / "selectinfer"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
     """A temporary path beside `final` that becomes `final` only when the block succeeds.
@@ -34,6 +40,7 @@ def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
