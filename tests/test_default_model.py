@@ -53,3 +53,21 @@ def test_derived_f16_variant(default_model):
     with Model(f16, n_ctx=256) as m:
         assert "F16" in repr(m)
         assert "Paris" in m.generate(PROMPT, 16, temperature=0)
+
+
+def test_converted_default_model_still_answers(default_model, tmp_path, cli):
+    """Step 1 + 2 on the real model: a short profile, gamma 0.7, and the answer survives."""
+    from selectinfer.convert import convert
+    from selectinfer.profiler import profile_model
+
+    profile = tmp_path / "p.safetensors"
+    profile_model(default_model, ["capitals-qa", "botchan"], profile, max_prompts=4, max_new_tokens=16,
+                  progress=False)
+    out = tmp_path / "si70.gguf"
+    r = convert(default_model, out, profile=profile, task="qa", load_ratio=0.7, static_ratio=0.3, progress=False)
+    assert r.output_bytes < 0.92 * r.source_bytes
+    with Model(out, n_ctx=256) as m:
+        assert "Paris" in m.generate(PROMPT, 16, temperature=0)
+        assert m.stats()["model_bytes"] < 0.9 * 96_576_768
+    proc = cli("-m", out, "-p", PROMPT, "-n", "16", "--temp", "0")
+    assert proc.returncode == 0 and "Paris" in proc.stdout, proc.stderr
