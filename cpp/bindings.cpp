@@ -2,6 +2,7 @@
 // builds the user-facing Model on top of it.
 #include "engine.h"
 #include "gguf_meta.h"
+#include "op_runner.h"
 #include "quant_rows.h"
 
 #include <pybind11/numpy.h>
@@ -72,6 +73,21 @@ PYBIND11_MODULE(_native, m) {
           },
           py::arg("src"), py::arg("out"), py::arg("remove"), py::arg("set"), py::arg("tensors"),
           "writes a GGUF header: the keys of src (minus remove, plus set) and the tensor infos; returns offsets");
+    m.def("run_sparse_op",
+          [](const std::string & op, const std::vector<std::tuple<int, std::vector<int64_t>, py::bytes>> & inputs,
+             int n_threads, int n_static, int n_dynamic, float alpha, bool by_magnitude) {
+              std::vector<OpInput> ins;
+              for (const auto & [type, ne, data] : inputs) ins.push_back({type, ne, std::string(data)});
+              std::string out;
+              {
+                  py::gil_scoped_release release;
+                  out = run_sparse_op(op, ins, n_threads, n_static, n_dynamic, alpha, by_magnitude);
+              }
+              return py::bytes(out);
+          },
+          py::arg("op"), py::arg("inputs"), py::arg("n_threads") = 1, py::arg("n_static") = 0,
+          py::arg("n_dynamic") = 0, py::arg("alpha") = 0.0f, py::arg("by_magnitude") = false,
+          "runs one sparse FFN op on the CPU backend (inputs: (ggml type, ne, raw bytes)); returns raw output");
     m.def("row_bytes", &row_bytes, py::arg("type"), py::arg("n_per_row"));
     m.def("quantize_rows",
           [](int type, py::array_t<float, py::array::c_style | py::array::forcecast> rows) {

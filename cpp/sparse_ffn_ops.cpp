@@ -1,0 +1,52 @@
+// Graph constructors of selectinfer's ops (compiled into ggml-base).
+#include "sparse_ffn_ops.h"
+
+#include "ggml-impl.h"
+
+#include <cstring>
+
+extern "C" {
+
+struct ggml_tensor * ggml_si_mul_rows(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * x,
+                                      struct ggml_tensor * ids) {
+    GGML_ASSERT(w->ne[0] == x->ne[0] && ggml_n_dims(w) <= 2 && ggml_n_dims(x) <= 2);
+    GGML_ASSERT(x->type == GGML_TYPE_F32 && ids->type == GGML_TYPE_I32 && ggml_is_vector(ids));
+    GGML_ASSERT(ggml_is_contiguous(x) && ggml_is_contiguous(ids));
+    struct ggml_tensor * out = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, ids->ne[0], x->ne[1]);
+    out->op     = GGML_OP_SI_MUL_ROWS;
+    out->src[0] = w;
+    out->src[1] = x;
+    out->src[2] = ids;
+    return out;
+}
+
+struct ggml_tensor * ggml_si_mul_rows_t(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * h,
+                                        struct ggml_tensor * ids) {
+    GGML_ASSERT(ggml_n_dims(w) <= 2 && ggml_n_dims(h) <= 2 && h->type == GGML_TYPE_F32 && ggml_is_contiguous(h));
+    if (ids) {
+        GGML_ASSERT(ids->type == GGML_TYPE_I32 && ggml_is_vector(ids) && ids->ne[0] == h->ne[0]);
+    } else {
+        GGML_ASSERT(h->ne[0] <= w->ne[1]);
+    }
+    struct ggml_tensor * out = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], h->ne[1]);
+    out->op     = GGML_OP_SI_MUL_ROWS_T;
+    out->src[0] = w;
+    out->src[1] = h;
+    out->src[2] = ids;
+    return out;
+}
+
+struct ggml_tensor * ggml_si_select(struct ggml_context * ctx, struct ggml_tensor * act, int n_static, int n_dynamic,
+                                    float alpha, bool by_magnitude) {
+    GGML_ASSERT(act->type == GGML_TYPE_F32 && ggml_n_dims(act) <= 2 && ggml_is_contiguous(act));
+    GGML_ASSERT(n_static >= 0 && n_dynamic >= 0 && n_static + n_dynamic <= act->ne[0] && n_static + n_dynamic > 0);
+    struct ggml_tensor * out = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_static + n_dynamic);
+    int32_t params[4] = {n_static, n_dynamic, 0, by_magnitude ? 1 : 0};
+    std::memcpy(&params[2], &alpha, sizeof(float));
+    ggml_set_op_params(out, params, sizeof(params));
+    out->op     = GGML_OP_SI_SELECT;
+    out->src[0] = act;
+    return out;
+}
+
+}  // extern "C"

@@ -1,0 +1,44 @@
+// selectinfer's ggml ops (step 3, selective computation), wired into ggml by
+// ggml-patches/0003-sparse-ffn-ops.patch: three entries in `enum ggml_op`, their names, and
+// the CPU dispatch. Graph constructors live in sparse_ffn_ops.c (ggml-base), CPU kernels in
+// sparse_ffn_cpu.cpp (ggml-cpu).
+//
+// Shapes use ggml order (ne[0] is the row length). A neuron is a row of every FFN matrix.
+#pragma once
+
+#include "ggml.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Row-indexed matrix-vector (gate and up at decode):
+//   w [K, R] any type, x [K, T] F32, ids [n] I32 -> [n, T] F32,  out[j, t] = w[ids[j]] . x[:, t]
+GGML_API struct ggml_tensor * ggml_si_mul_rows(struct ggml_context * ctx, struct ggml_tensor * w,
+                                               struct ggml_tensor * x, struct ggml_tensor * ids);
+
+// Row-indexed transposed accumulate (the down projection stored one row per neuron):
+//   w [E, R] any type, h [n, T] F32, ids [n] I32 or NULL (rows 0..n-1) -> [E, T] F32,
+//   out[:, t] = sum_j h[j, t] * w[ids[j], :]
+GGML_API struct ggml_tensor * ggml_si_mul_rows_t(struct ggml_context * ctx, struct ggml_tensor * w,
+                                                 struct ggml_tensor * h, struct ggml_tensor * ids);
+
+// Dynamic neuron selection over a prompt's FFN activations act [n_load, T] F32 -> [n_static + n_dynamic] I32:
+// rows 0..n_static-1 (the static neurons, stored first), then the n_dynamic non-static rows most
+// often among each token's top k, k = round(alpha * mean number of positive activations per
+// token), ranking tokens' neurons by value (or |value| with by_magnitude). Ties go to the lower
+// row (stored in ranking order, so the better-ranked neuron). The result is sorted ascending.
+GGML_API struct ggml_tensor * ggml_si_select(struct ggml_context * ctx, struct ggml_tensor * act, int n_static,
+                                             int n_dynamic, float alpha, bool by_magnitude);
+
+// CPU kernels (sparse_ffn_cpu.cpp), called from ggml-cpu's ggml_compute_forward.
+struct ggml_compute_params;
+void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params, struct ggml_tensor * dst);
+void ggml_si_compute_forward_mul_rows_t(const struct ggml_compute_params * params, struct ggml_tensor * dst);
+void ggml_si_compute_forward_select(const struct ggml_compute_params * params, struct ggml_tensor * dst);
+// Work-buffer bytes an op needs with n_tasks threads (ggml_graph_plan).
+size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks);
+
+#ifdef __cplusplus
+}
+#endif
