@@ -126,6 +126,10 @@ PYBIND11_MODULE(_native, m) {
         .def_readwrite("use_mmap", &ModelParams::use_mmap)
         .def_readwrite("flash_attn", &ModelParams::flash_attn)
         .def_readwrite("profile", &ModelParams::profile)
+        .def_readwrite("compute_ratio", &ModelParams::compute_ratio)
+        .def_readwrite("token_ratio", &ModelParams::token_ratio)
+        .def_readwrite("select_by_magnitude", &ModelParams::select_by_magnitude)
+        .def_readwrite("dense", &ModelParams::dense)
         .def_readwrite("verbose", &ModelParams::verbose);
 
     py::class_<SamplingParams>(m, "SamplingParams")
@@ -194,6 +198,17 @@ PYBIND11_MODULE(_native, m) {
         .def("stats", &Engine::stats)
         .def("reset_stats", &Engine::reset_stats)
         .def_property_readonly("profiling", &Engine::profiling)
+        .def_property_readonly("selective", &Engine::selective)
+        .def("selected_neurons", &Engine::selected_neurons)
+        .def("selection_config", [](const Engine & e) {
+            SelectionConfig c = e.selection_config();
+            py::dict d;
+            d["compute_ratio"] = c.compute_ratio;
+            d["token_ratio"] = c.token_ratio;
+            d["select_by"] = c.by_magnitude ? "magnitude" : "value";
+            d["dense"] = c.dense;
+            return d;
+        })
         .def("activation_sums",
              [](Engine & e, bool reset) {
                  ActivationSums a = e.activation_sums(reset);

@@ -226,9 +226,35 @@ Engine::Engine(const ModelParams & params) : params_(params) {
         throw ModelLoadError("failed to create a context for " + params_.path + (why.empty() ? "" : ": " + why));
     }
     stats_.model_bytes = llama_model_size(model_);
+    ContextHooks & hooks = context_hooks(ctx_);
+    const bool selection_asked = params_.compute_ratio >= 0 || params_.token_ratio >= 0 ||
+                                 params_.select_by_magnitude || params_.dense;
+    if (selection_asked && !hooks.selection) {
+        llama_free(ctx_);
+        llama_model_free(model_);
+        ctx_ = nullptr;
+        model_ = nullptr;
+        throw std::invalid_argument("selective computation options need a SelectInfer GGUF (selectinfer convert); " +
+                                    params_.path + " is a dense model");
+    }
+    if (hooks.selection) {
+        SelectionConfig cfg = hooks.selection->config();  // environment and file defaults
+        if (params_.compute_ratio >= 0) cfg.compute_ratio = params_.compute_ratio;
+        if (params_.token_ratio >= 0) cfg.token_ratio = params_.token_ratio;
+        cfg.by_magnitude = cfg.by_magnitude || params_.select_by_magnitude;
+        cfg.dense = cfg.dense || params_.dense;
+        try {
+            hooks.selection->configure(cfg);
+        } catch (...) {
+            llama_free(ctx_);
+            llama_model_free(model_);
+            ctx_ = nullptr;
+            model_ = nullptr;
+            throw;
+        }
+    }
     set_sampling(SamplingParams{});
     if (params_.profile) {
-        ContextHooks & hooks = context_hooks(ctx_);
         hooks.stats = std::make_unique<ActivationStats>(model_);
         act_stats_ = hooks.stats.get();
     }
@@ -463,6 +489,27 @@ void Engine::reset_stats() {
     uint64_t bytes = stats_.model_bytes;
     stats_ = Stats{};
     stats_.model_bytes = bytes;
+}
+
+bool Engine::selective() const {
+    return context_hooks(ctx_).selection != nullptr;
+}
+
+std::vector<std::pair<int, std::vector<int32_t>>> Engine::selected_neurons() const {
+    const auto & sel = context_hooks(ctx_).selection;
+    if (!sel) throw std::logic_error("not a SelectInfer model: nothing is selected");
+    llama_synchronize(ctx_);
+    std::vector<std::pair<int, std::vector<int32_t>>> out;
+    auto layers = sel->layers();
+    auto ids = sel->selected();
+    for (size_t i = 0; i < layers.size(); ++i) out.emplace_back(layers[i], std::move(ids[i]));
+    return out;
+}
+
+SelectionConfig Engine::selection_config() const {
+    const auto & sel = context_hooks(ctx_).selection;
+    if (!sel) throw std::logic_error("not a SelectInfer model");
+    return sel->config();
 }
 
 ActivationSums Engine::activation_sums(bool reset) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "ffn_hook.h"
+#include "neuron_selection.h"
 #include "llama.h"
 
 #include <cstdint>
@@ -37,6 +38,11 @@ struct ModelParams {
     int32_t  flash_attn = -1;   // -1 auto (llama.cpp's default), 0 off, 1 on
     bool     verbose   = false; // pass llama.cpp's log through to stderr
     bool     profile   = false; // accumulate FFN activation statistics (activation_stats.h)
+    // selective computation of SelectInfer models (neuron_selection.h); < 0: the file's default
+    float    compute_ratio = -1;  // phi
+    float    token_ratio   = -1;  // alpha
+    bool     select_by_magnitude = false;
+    bool     dense         = false; // compute every loaded neuron
 };
 
 struct SamplingParams {
@@ -121,6 +127,12 @@ public:
     void reset_stats();
     std::string describe() const;  // one line: arch, size, type
     std::string meta(const std::string & key) const;  // metadata value, "" when absent
+
+    // --- selective computation (SelectInfer models) ---
+    bool selective() const;
+    // per SelectInfer layer: (layer index, rows computed at decode)
+    std::vector<std::pair<int, std::vector<int32_t>>> selected_neurons() const;
+    SelectionConfig selection_config() const;
 
     // --- profiling (ModelParams::profile) ---
     bool profiling() const { return act_stats_ != nullptr; }

@@ -2,23 +2,21 @@
 #include "ffn_hook.h"
 
 #include "activation_stats.h"
+#include "neuron_selection.h"
 #include "llama-context.h"
 #include "llama-model.h"
 
 using selectinfer::ContextHooks;
 
+ggml_tensor * selectinfer_ffn_begin(void * hooks, ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il) {
+    auto * h = static_cast<ContextHooks *>(hooks);
+    return h->selection ? h->selection->build_ffn(ctx, gf, x, il) : nullptr;
+}
+
 ggml_tensor * selectinfer_ffn_hook(void * hooks, ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * act, int il) {
     auto * h = static_cast<ContextHooks *>(hooks);
-    if (il < 0 || il >= (int) h->model->layers.size()) {
-        return act;
-    }
-    if (h->stats) {
+    if (h->stats && il >= 0 && il < (int) h->model->layers.size()) {
         h->stats->add_to_graph(ctx, gf, act, il);
-    }
-    const llama_layer & layer = h->model->layers[il];
-    if (layer.ffn_down_t && !layer.ffn_down) {
-        // one row of ffn_down_t per loaded neuron: out[:, t] = sum_i act[i, t] * ffn_down_t[i, :]
-        return ggml_out_prod(ctx, layer.ffn_down_t, ggml_transpose(ctx, act));
     }
     return act;
 }
@@ -33,7 +31,7 @@ void selectinfer_context_free(void * hooks) {
 
 namespace selectinfer {
 
-ContextHooks::ContextHooks(const llama_model * model) : model(model) {}
+ContextHooks::ContextHooks(const llama_model * model) : model(model), selection(NeuronSelection::for_model(model)) {}
 ContextHooks::~ContextHooks() = default;
 
 ContextHooks & context_hooks(llama_context * ctx) {

@@ -1,10 +1,9 @@
 // The one place where the patched llama.cpp calls into selectinfer (ggml-patches/).
 //
 // Every llama_context gets a ContextHooks (created and freed with the context, 0002), and
-// llm_graph_context::build_ffn hands it the input of the down projection, act(gate) * up
-// ([n_ff, n_tokens]), of every layer while a graph is built (0001). There we add profiling
-// nodes and, for SelectInfer layers, compute the down projection from its transposed,
-// row-per-neuron form. Because this lives inside libllama, the upstream tools built from the
+// llm_graph_context::build_ffn calls it twice per layer while a graph is built (0001): at the
+// start, where a SelectInfer layer's FFN is built by neuron_selection.cpp, and before the down
+// projection of a dense layer, where profiling adds its statistics. Because this lives inside libllama, the upstream tools built from the
 // same tree (llama-cli, llama-server, llama-bench, ...) run SelectInfer GGUFs too.
 #pragma once
 
@@ -16,8 +15,12 @@ struct ggml_tensor;
 struct llama_context;
 struct llama_model;
 
-// Returns what build_ffn continues with: `act` for dense layers (build_ffn applies ffn_down),
-// or, for a layer stored with ffn_down_t (it has no ffn_down), the finished FFN output.
+// At the start of build_ffn (input x [n_embd, n_tokens]): the whole FFN output of a SelectInfer
+// layer (selective computation, neuron_selection.h), or nullptr to let build_ffn go on.
+ggml_tensor * selectinfer_ffn_begin(void * hooks, ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il);
+
+// Before the down projection of a dense layer (act [n_ff, n_tokens]): adds profiling nodes;
+// returns what the down projection consumes.
 ggml_tensor * selectinfer_ffn_hook(void * hooks, ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * act, int il);
 
 void * selectinfer_context_create(const llama_model * model);
@@ -26,6 +29,7 @@ void   selectinfer_context_free(void * hooks);
 namespace selectinfer {
 
 class ActivationStats;
+class NeuronSelection;
 
 // What a context's graphs see through llama_cparams::selectinfer.
 struct ContextHooks {
@@ -33,7 +37,8 @@ struct ContextHooks {
     ~ContextHooks();
 
     const llama_model * model;
-    std::unique_ptr<ActivationStats> stats;  // profiling: accumulate sum |a| per neuron when set
+    std::unique_ptr<ActivationStats> stats;      // profiling: accumulate sum |a| per neuron when set
+    std::unique_ptr<NeuronSelection> selection;  // SelectInfer models: selective computation
 };
 
 // The hooks of a context (never null for a context of the patched libllama). Enable features

@@ -33,6 +33,9 @@ from .paths import atomic_path, sha256_file
 from .profiles import Profile
 
 SI_FORMAT_VERSION = 1
+# run-time defaults written into the file (the authors' reference values): phi and alpha
+DEFAULT_COMPUTE_RATIO = 0.4
+DEFAULT_TOKEN_RATIO = 0.2
 SUPPORTED_ARCHS = ("llama", "qwen2")
 EXACT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 
@@ -301,6 +304,9 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
         ("selectinfer.seed", "u32", seed),
         ("selectinfer.load_ratio", "f32", float(load_ratio)),
         ("selectinfer.static_ratio", "f32", float(static_ratio)),
+        ("selectinfer.static_count", "u32", round(static_ratio * n_ff)),  # per sparsified layer
+        ("selectinfer.compute_ratio", "f32", float(min(load_ratio, max(static_ratio, DEFAULT_COMPUTE_RATIO)))),
+        ("selectinfer.token_ratio", "f32", DEFAULT_TOKEN_RATIO),
         ("selectinfer.original_feed_forward_length", "u32", n_ff),
         ("selectinfer.source_digest", "str", _DIGEST_PLACEHOLDER),
         ("selectinfer.profile_digest", "str", sha256_file(profile) if prof else ""),

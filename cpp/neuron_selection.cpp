@@ -1,0 +1,179 @@
+// Compiled into libllama (it needs llama.cpp's internal headers).
+#include "neuron_selection.h"
+
+#include "ggml-backend.h"
+#include "ggml.h"
+#include "llama-model.h"
+#include "sparse_ffn_ops.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <sstream>
+#include <stdexcept>
+
+namespace selectinfer {
+
+namespace {
+
+std::string meta(const llama_model * model, const char * key) {
+    std::string buf(256, '\0');
+    int32_t n = llama_model_meta_val_str(model, key, buf.data(), buf.size());
+    if (n < 0) return "";
+    if (n >= (int32_t) buf.size()) {
+        buf.resize(n + 1);
+        llama_model_meta_val_str(model, key, buf.data(), buf.size());
+    }
+    buf.resize(n);
+    return buf;
+}
+
+float env_float(const char * name, float fallback) {
+    const char * v = std::getenv(name);
+    return v && *v ? std::strtof(v, nullptr) : fallback;
+}
+
+}  // namespace
+
+std::unique_ptr<NeuronSelection> NeuronSelection::for_model(const llama_model * model) {
+    if (meta(model, "selectinfer.format_version").empty()) {
+        return nullptr;
+    }
+    std::unique_ptr<NeuronSelection> s(new NeuronSelection(model));
+    SelectionConfig cfg;
+    cfg.compute_ratio = env_float("SELECTINFER_COMPUTE_RATIO", -1);
+    cfg.token_ratio   = env_float("SELECTINFER_TOKEN_RATIO", -1);
+    const char * by = std::getenv("SELECTINFER_SELECT_BY");
+    cfg.by_magnitude  = by && std::strcmp(by, "magnitude") == 0;
+    const char * dense = std::getenv("SELECTINFER_DENSE");
+    cfg.dense         = dense && *dense && std::strcmp(dense, "0") != 0;
+    s->configure(cfg);
+    return s;
+}
+
+NeuronSelection::NeuronSelection(const llama_model * model) : model_(model) {
+    n_original_   = std::atoi(meta(model, "selectinfer.original_feed_forward_length").c_str());
+    load_ratio_   = std::strtof(meta(model, "selectinfer.load_ratio").c_str(), nullptr);
+    static_ratio_ = std::strtof(meta(model, "selectinfer.static_ratio").c_str(), nullptr);
+    const std::string phi = meta(model, "selectinfer.compute_ratio");
+    const std::string alpha = meta(model, "selectinfer.token_ratio");
+    // defaults of the authors' reference code: phi 0.4 (within [delta, gamma]), alpha 0.2
+    default_phi_   = phi.empty() ? std::min(load_ratio_, std::max(static_ratio_, 0.4f)) : std::strtof(phi.c_str(), nullptr);
+    default_alpha_ = alpha.empty() ? 0.2f : std::strtof(alpha.c_str(), nullptr);
+
+    // llama.cpp keeps no array metadata in the model: SelectInfer layers are those stored with
+    // ffn_down_t, and each has the same number of static neurons (the converter's rule)
+    const std::string n_static = meta(model, "selectinfer.static_count");
+    const int static_count = n_static.empty() ? (int) std::lround(static_ratio_ * n_original_) : std::atoi(n_static.c_str());
+    const int n_layer = (int) model->layers.size();
+    layer_index_.assign(n_layer, -1);
+    for (int il = 0; il < n_layer; ++il) {
+        if (!model->layers[il].ffn_down_t) continue;
+        Layer l;
+        l.il = il;
+        l.n_load = (int) model->layers[il].ffn_down_t->ne[1];
+        l.n_static = std::min(static_count, l.n_load);
+        layer_index_[il] = (int) layers_.size();
+        layers_.push_back(l);
+    }
+}
+
+NeuronSelection::~NeuronSelection() {
+    for (ggml_backend_buffer_t buf : bufs_) ggml_backend_buffer_free(buf);
+    for (ggml_context * ctx : ctxs_) ggml_free(ctx);
+}
+
+void NeuronSelection::configure(const SelectionConfig & requested) {
+    SelectionConfig cfg = requested;
+    if (cfg.compute_ratio < 0) cfg.compute_ratio = default_phi_;
+    if (cfg.token_ratio < 0) cfg.token_ratio = default_alpha_;
+    const float eps = 0.5f / std::max(1, n_original_);
+    if (cfg.compute_ratio + eps < static_ratio_ || cfg.compute_ratio > load_ratio_ + eps) {
+        std::ostringstream msg;
+        msg << "compute ratio (phi) " << cfg.compute_ratio << " must lie between the file's static ratio (delta) "
+            << static_ratio_ << " and load ratio (gamma) " << load_ratio_;
+        throw std::invalid_argument(msg.str());
+    }
+    if (!(cfg.token_ratio > 0 && cfg.token_ratio <= 1)) {
+        std::ostringstream msg;
+        msg << "token ratio (alpha) must be in (0, 1], got " << cfg.token_ratio;
+        throw std::invalid_argument(msg.str());
+    }
+    config_ = cfg;
+    for (Layer & l : layers_) {
+        l.n_select = std::max(l.n_static, std::min(l.n_load, (int) std::lround(cfg.compute_ratio * n_original_)));
+    }
+    allocate();
+}
+
+void NeuronSelection::allocate() {
+    for (ggml_backend_buffer_t buf : bufs_) ggml_backend_buffer_free(buf);
+    for (ggml_context * ctx : ctxs_) ggml_free(ctx);
+    bufs_.clear();
+    ctxs_.clear();
+    std::map<ggml_backend_buffer_type_t, ggml_context *> ctx_of_buft;
+    for (Layer & l : layers_) {
+        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(model_->dev_layer(l.il));
+        ggml_context *& ctx = ctx_of_buft[buft];
+        if (!ctx) {
+            ggml_init_params params = {layers_.size() * ggml_tensor_overhead(), nullptr, /*no_alloc=*/true};
+            ctx = ggml_init(params);
+            ctxs_.push_back(ctx);
+        }
+        l.ids = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, l.n_select);
+        ggml_format_name(l.ids, "si_selected-%d", l.il);
+    }
+    for (const auto & [buft, ctx] : ctx_of_buft) {
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft);
+        if (!buf) throw std::runtime_error("could not allocate the neuron-selection buffers");
+        bufs_.push_back(buf);
+    }
+    // before any prompt: the static neurons and the best-ranked secondary ones (stored in that order)
+    for (Layer & l : layers_) {
+        std::vector<int32_t> first(l.n_select);
+        std::iota(first.begin(), first.end(), 0);
+        ggml_backend_tensor_set(l.ids, first.data(), 0, first.size() * sizeof(int32_t));
+    }
+}
+
+ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il) const {
+    if (il < 0 || il >= (int) layer_index_.size() || layer_index_[il] < 0) {
+        return nullptr;
+    }
+    const Layer & l = layers_[layer_index_[il]];
+    const llama_layer & w = model_->layers[il];
+    const bool decode = x->ne[1] == 1 && !config_.dense;
+    if (decode) {
+        ggml_tensor * gate = ggml_si_mul_rows(ctx, w.ffn_gate, x, l.ids);
+        ggml_tensor * up   = ggml_si_mul_rows(ctx, w.ffn_up, x, l.ids);
+        return ggml_si_mul_rows_t(ctx, w.ffn_down_t, ggml_swiglu_split(ctx, gate, up), l.ids);
+    }
+    // prefill: dense over the loaded neurons, and the prompt's selection in the same graph
+    ggml_tensor * act = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, w.ffn_gate, x), ggml_mul_mat(ctx, w.ffn_up, x));
+    if (!config_.dense) {
+        ggml_tensor * chosen = ggml_si_select(ctx, act, l.n_static, l.n_select - l.n_static, config_.token_ratio,
+                                              config_.by_magnitude);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, chosen, l.ids));
+    }
+    return ggml_si_mul_rows_t(ctx, w.ffn_down_t, act, nullptr);
+}
+
+std::vector<std::vector<int32_t>> NeuronSelection::selected() const {
+    std::vector<std::vector<int32_t>> out;
+    for (const Layer & l : layers_) {
+        std::vector<int32_t> v(l.n_select);
+        ggml_backend_tensor_get(l.ids, v.data(), 0, v.size() * sizeof(int32_t));
+        out.push_back(std::move(v));
+    }
+    return out;
+}
+
+std::vector<int> NeuronSelection::layers() const {
+    std::vector<int> out;
+    for (const Layer & l : layers_) out.push_back(l.il);
+    return out;
+}
+
+}  // namespace selectinfer

@@ -1,0 +1,71 @@
+// Selective computation (step 3 of the method): the FFN of a SelectInfer layer.
+//
+// Prefill runs dense over the loaded neurons and, in the same graph, selects the prompt's
+// neurons (ggml_si_select) into a per-layer I32 tensor that lives on the layer's device, like
+// the KV cache. Decode steps (one token) then compute only those neurons with the sparse ops:
+// gate and up by ggml_si_mul_rows, the down projection by ggml_si_mul_rows_t. The selection
+// stays fixed for the generation and is redone by the next multi-token prompt.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+struct ggml_backend_buffer;
+struct ggml_cgraph;
+struct ggml_context;
+struct ggml_tensor;
+struct llama_model;
+
+namespace selectinfer {
+
+struct SelectionConfig {
+    float compute_ratio = -1;    // phi, fraction of the original N computed per layer; < 0: file default
+    float token_ratio   = -1;    // alpha, k = round(alpha * mean positive activations); < 0: file default
+    bool  by_magnitude  = false; // rank a token's neurons by |a| instead of a
+    bool  dense         = false; // compute every loaded neuron (no selection)
+};
+
+class NeuronSelection {
+public:
+    // nullptr for a model without SelectInfer layers. Reads SELECTINFER_COMPUTE_RATIO,
+    // SELECTINFER_TOKEN_RATIO, SELECTINFER_SELECT_BY (value|magnitude) and SELECTINFER_DENSE
+    // from the environment, so that any program using libllama can set them.
+    static std::unique_ptr<NeuronSelection> for_model(const llama_model * model);
+    ~NeuronSelection();
+
+    // Validates and applies a configuration (call before the first decode); throws
+    // std::invalid_argument naming the bad value.
+    void configure(const SelectionConfig & config);
+    const SelectionConfig & config() const { return config_; }
+
+    // The FFN output of layer il for input x [n_embd, n_tokens], or nullptr for a dense layer.
+    ggml_tensor * build_ffn(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il) const;
+
+    // The neurons (rows of the layer's FFN matrices) each SelectInfer layer computes at decode.
+    std::vector<std::vector<int32_t>> selected() const;
+    std::vector<int> layers() const;
+
+private:
+    struct Layer {
+        int il = -1;
+        int n_load = 0;
+        int n_static = 0;
+        int n_select = 0;
+        ggml_tensor * ids = nullptr;
+    };
+    explicit NeuronSelection(const llama_model * model);
+    void allocate();
+
+    const llama_model * model_;
+    int n_original_ = 0;          // N: ratios are fractions of the original FFN width
+    float load_ratio_ = 0, static_ratio_ = 0, default_phi_ = 0, default_alpha_ = 0;
+    SelectionConfig config_;
+    std::vector<Layer> layers_;   // SelectInfer layers only
+    std::vector<int> layer_index_;  // il -> index in layers_, -1 for dense layers
+    std::vector<ggml_context *> ctxs_;
+    std::vector<ggml_backend_buffer *> bufs_;
+};
+
+}  // namespace selectinfer
