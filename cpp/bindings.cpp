@@ -182,6 +182,11 @@ PYBIND11_MODULE(_native, m) {
              py::arg("tokens"), py::arg("all_logits") = false)
         .def("eval_token", &Engine::eval_token, py::call_guard<py::gil_scoped_release>())
         .def("sample", &Engine::sample, py::call_guard<py::gil_scoped_release>())
+        .def("last_logits", [](const Engine & e) {
+            std::vector<float> v = e.last_logits();
+            py::ssize_t n = (py::ssize_t) v.size();
+            return to_array(std::move(v), {n});
+        })
         .def("set_sampling", &Engine::set_sampling)
         .def("clear", &Engine::clear)
         .def("token_logprobs",

@@ -45,6 +45,10 @@ const char * kUsage =
     "  -cnv, --conversation        chat mode: read user turns from stdin, one per line\n"
     "  -sys, --system-prompt TEXT  system message in chat mode\n"
     "  -fa,  --flash-attn on|off|auto  flash attention (default auto)\n"
+    "        --compute-ratio PHI   SelectInfer: neurons computed per layer at decode, of the original N\n"
+    "        --token-ratio ALPHA   SelectInfer: per-token top-k fraction for the selection (0, 1]\n"
+    "        --select-by value|magnitude  SelectInfer: rank a token's neurons by a or |a|\n"
+    "        --dense-ffn           SelectInfer: compute every loaded neuron (no selection)\n"
     "        --no-mmap             read the weights into memory instead of mapping the file\n"
     "  -v,   --verbose             show llama.cpp's log\n"
     "  -h,   --help                show this help\n";
@@ -100,6 +104,14 @@ CliArgs parse_args(int argc, char ** argv) {
             else if (v == "auto") args.model.flash_attn = -1;
             else usage_error("invalid value '" + v + "' for " + a + " (on, off or auto)");
         }
+        else if (a == "--compute-ratio") args.model.compute_ratio = parse_number<float>(a, value(i));
+        else if (a == "--token-ratio") args.model.token_ratio = parse_number<float>(a, value(i));
+        else if (a == "--select-by") {
+            const std::string v = value(i);
+            if (v != "value" && v != "magnitude") usage_error("invalid value '" + v + "' for --select-by (value or magnitude)");
+            args.model.select_by_magnitude = v == "magnitude";
+        }
+        else if (a == "--dense-ffn") args.model.dense = true;
         else if (a == "--no-mmap") args.model.use_mmap = false;
         else if (a == "-v" || a == "--verbose") args.model.verbose = true;
         else if (a == "-h" || a == "--help") args.show_help = true;

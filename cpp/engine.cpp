@@ -245,6 +245,7 @@ Engine::Engine(const ModelParams & params) : params_(params) {
         cfg.dense = cfg.dense || params_.dense;
         try {
             hooks.selection->configure(cfg);
+            all_outputs_ = hooks.selection->sparsifies_last_layer();
         } catch (...) {
             llama_free(ctx_);
             llama_model_free(model_);
@@ -347,9 +348,9 @@ void Engine::decode_batch(const llama_token * tokens, int32_t n, int32_t pos0, b
         batch.pos[i]       = pos0 + i;
         batch.n_seq_id[i]  = 1;
         batch.seq_id[i][0] = 0;
-        // profiling: every token must reach the last layer's FFN, which llama.cpp otherwise
-        // computes only for the tokens whose logits are requested
-        batch.logits[i]    = all_logits || profiling() || i == n - 1;
+        // profiling, and selection in a sparsified last layer: every token must reach the last
+        // layer's FFN, which llama.cpp otherwise computes only for the tokens whose logits are requested
+        batch.logits[i]    = all_logits || profiling() || all_outputs_ || i == n - 1;
     }
     batch.n_tokens = n;
     int32_t rc = llama_decode(ctx_, batch);
@@ -429,6 +430,14 @@ void Engine::eval_token(llama_token token) {
     decode_batch(&token, 1, (int32_t) history_.size(), true);
     stats_.decode_ms += ms_since(t0);
     stats_.n_decode_tokens += 1;
+}
+
+std::vector<float> Engine::last_logits() const {
+    if (history_.empty()) {
+        throw std::logic_error("nothing evaluated yet");
+    }
+    const float * row = llama_get_logits_ith(ctx_, -1);
+    return std::vector<float>(row, row + n_vocab());
 }
 
 llama_token Engine::sample() {

@@ -113,6 +113,8 @@ public:
     std::vector<float> eval_prompt(const std::vector<llama_token> & tokens, bool all_logits);
     // Appends one token (decode step); counts as decode in the statistics.
     void eval_token(llama_token token);
+    // The logits after the last evaluated token.
+    std::vector<float> last_logits() const;
     // Samples the next token from the last evaluated logits.
     llama_token sample();
     void set_sampling(const SamplingParams & params);
@@ -150,6 +152,7 @@ private:
     Stats stats_;
     ActivationStats * act_stats_ = nullptr;  // owned by the context's hooks when profiling
     int64_t profiled_tokens_ = 0;
+    bool all_outputs_ = false;  // every prompt token must reach the last layer (a sparsified one)
 };
 
 }  // namespace selectinfer

@@ -8,9 +8,10 @@
 
 using selectinfer::ContextHooks;
 
-ggml_tensor * selectinfer_ffn_begin(void * hooks, ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il) {
+ggml_tensor * selectinfer_ffn_begin(void * hooks, ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il,
+                                    int64_t n_ubatch) {
     auto * h = static_cast<ContextHooks *>(hooks);
-    return h->selection ? h->selection->build_ffn(ctx, gf, x, il) : nullptr;
+    return h->selection ? h->selection->build_ffn(ctx, gf, x, il, n_ubatch) : nullptr;
 }
 
 ggml_tensor * selectinfer_ffn_hook(void * hooks, ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * act, int il) {

@@ -7,6 +7,7 @@
 // same tree (llama-cli, llama-server, llama-bench, ...) run SelectInfer GGUFs too.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 struct ggml_cgraph;
@@ -15,9 +16,11 @@ struct ggml_tensor;
 struct llama_context;
 struct llama_model;
 
-// At the start of build_ffn (input x [n_embd, n_tokens]): the whole FFN output of a SelectInfer
-// layer (selective computation, neuron_selection.h), or nullptr to let build_ffn go on.
-ggml_tensor * selectinfer_ffn_begin(void * hooks, ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il);
+// At the start of build_ffn (input x [n_embd, rows]; n_ubatch tokens in the batch, more than the
+// rows in the last layer, which sees only the output tokens): the whole FFN output of a
+// SelectInfer layer (selective computation, neuron_selection.h), or nullptr to go on.
+ggml_tensor * selectinfer_ffn_begin(void * hooks, ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il,
+                                    int64_t n_ubatch);
 
 // Before the down projection of a dense layer (act [n_ff, n_tokens]): adds profiling nodes;
 // returns what the down projection consumes.

@@ -138,13 +138,16 @@ void NeuronSelection::allocate() {
     }
 }
 
-ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il) const {
+ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il,
+                                         int64_t n_ubatch) const {
     if (il < 0 || il >= (int) layer_index_.size() || layer_index_[il] < 0) {
         return nullptr;
     }
     const Layer & l = layers_[layer_index_[il]];
     const llama_layer & w = model_->layers[il];
-    const bool decode = x->ne[1] == 1 && !config_.dense;
+    // x has fewer rows than the batch in the last layer (only the output tokens reach it): the
+    // batch size, not the rows, tells a prompt from a decode step
+    const bool decode = n_ubatch == 1 && !config_.dense;
     if (decode) {
         ggml_tensor * gate = ggml_si_mul_rows(ctx, w.ffn_gate, x, l.ids);
         ggml_tensor * up   = ggml_si_mul_rows(ctx, w.ffn_up, x, l.ids);
@@ -168,6 +171,10 @@ std::vector<std::vector<int32_t>> NeuronSelection::selected() const {
         out.push_back(std::move(v));
     }
     return out;
+}
+
+bool NeuronSelection::sparsifies_last_layer() const {
+    return !layers_.empty() && layers_.back().il == (int) model_->layers.size() - 1;
 }
 
 std::vector<int> NeuronSelection::layers() const {

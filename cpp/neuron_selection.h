@@ -40,12 +40,16 @@ public:
     void configure(const SelectionConfig & config);
     const SelectionConfig & config() const { return config_; }
 
-    // The FFN output of layer il for input x [n_embd, n_tokens], or nullptr for a dense layer.
-    ggml_tensor * build_ffn(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il) const;
+    // The FFN output of layer il for input x [n_embd, rows] of a batch of n_ubatch tokens, or
+    // nullptr for a dense layer. A one-token batch is a decode step; any other batch is a prompt.
+    ggml_tensor * build_ffn(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il, int64_t n_ubatch) const;
 
     // The neurons (rows of the layer's FFN matrices) each SelectInfer layer computes at decode.
     std::vector<std::vector<int32_t>> selected() const;
     std::vector<int> layers() const;
+    // The last layer sees only the output tokens of a prompt: a caller that wants its selection
+    // made from every prompt token asks for every token's output (the engine does).
+    bool sparsifies_last_layer() const;
 
 private:
     struct Layer {

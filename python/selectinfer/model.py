@@ -65,12 +65,16 @@ class Model:
         use_mmap: map the weights from the file instead of reading them into memory.
         flash_attn: None lets llama.cpp decide (its default), True/False forces it on/off.
         profile: accumulate FFN activation statistics while evaluating (see `activation_sums`).
+        compute_ratio, token_ratio, select_by, dense: selective computation of a SelectInfer GGUF
+            (phi, alpha, "value" or "magnitude", compute every loaded neuron); None uses the file's
+            defaults (or the SELECTINFER_* environment variables).
         verbose: let llama.cpp log to stderr.
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 2048, n_batch: int = 512,
                  n_threads: int = 0, seed: int = -1, use_mmap: bool = True, flash_attn: bool | None = None,
-                 profile: bool = False, verbose: bool = False):
+                 profile: bool = False, compute_ratio: float | None = None, token_ratio: float | None = None,
+                 select_by: str | None = None, dense: bool = False, verbose: bool = False):
         self.model_path = os.fspath(model_path)
         if not os.path.isfile(self.model_path):
             raise FileNotFoundError(f"model file not found: {self.model_path} "
@@ -81,6 +85,15 @@ class Model:
         params.use_mmap, params.verbose = use_mmap, verbose
         params.flash_attn = -1 if flash_attn is None else int(bool(flash_attn))
         params.profile = profile
+        if select_by not in (None, "value", "magnitude"):
+            raise ValueError(f"select_by must be 'value' or 'magnitude', got {select_by!r}")
+        for name, value in (("compute_ratio", compute_ratio), ("token_ratio", token_ratio)):
+            if value is not None and not 0 <= value <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        params.compute_ratio = -1.0 if compute_ratio is None else float(compute_ratio)
+        params.token_ratio = -1.0 if token_ratio is None else float(token_ratio)
+        params.select_by_magnitude = select_by == "magnitude"
+        params.dense = dense
         self.seed = seed
         self._engine: _native.Engine | None = _native.Engine(params)
 
@@ -140,6 +153,14 @@ class Model:
         """Per layer, sum over evaluated tokens of |a_n| for each FFN neuron n (a: input of the down
         projection), and the number of tokens; needs profile=True. Resets the sums by default."""
         return self.engine.activation_sums(reset)
+
+    # --- selective computation ------------------------------------------------------------
+    def selected_neurons(self) -> dict[int, np.ndarray]:
+        """Per SelectInfer layer, the rows (neurons of the file) that decode steps compute."""
+        return {il: np.asarray(ids, dtype=np.int32) for il, ids in self.engine.selected_neurons()}
+
+    def selection_config(self) -> dict:
+        return self.engine.selection_config()
 
     # --- generation -----------------------------------------------------------------------
     def stream(self, prompt: str | Sequence[int], max_tokens: int = 128, *, temperature: float = 0.8,

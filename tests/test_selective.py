@@ -1,0 +1,166 @@
+"""Selective computation: in-graph selection against a numpy reference of the algorithm, sparse
+decode against the reference with the same masks, phi = gamma against dense-over-loaded."""
+import numpy as np
+import pytest
+from gguf import GGUFReader
+from reference import ReferenceModel, rms_norm
+from test_sparse_ops import reference_select
+
+from selectinfer import Model
+from selectinfer.convert import convert
+from selectinfer.synthetic import make_model
+
+PROMPT = "the capital of france is paris, a city on the"
+
+
+@pytest.fixture(scope="module")
+def si_model(tmp_path_factory):
+    """A SelectInfer tiny llama: N = 256, gamma 0.75, delta 0.25, layers 1..2 of 3."""
+    root = tmp_path_factory.mktemp("selective")
+    src, out = root / "dense.gguf", root / "si.gguf"
+    make_model(src, "tiny-llama", weight_type="F32", seed=11, n_ff=256, n_layer=3)
+    convert(src, out, ranking="random", seed=2, load_ratio=0.75, static_ratio=0.25, layers="1:3", progress=False)
+    return out
+
+
+def forward_with_masks(ref: ReferenceModel, tokens, n_prompt, masks, si_layers):
+    """Logits of the reference where SelectInfer layers compute only masks[il] for positions >= n_prompt;
+    also returns the prompt's per-layer activations (dense over the loaded neurons)."""
+    w = ref.weights
+    x = w["token_embd.weight"][np.asarray(tokens)]
+    positions = np.arange(len(tokens))
+    acts = {}
+    for il in range(ref.n_layer):
+        p = f"blk.{il}."
+        x = x + ref._attention(rms_norm(x, w[p + "attn_norm.weight"], ref.eps), p, positions)
+        act = ref.ffn_activations(rms_norm(x, w[p + "ffn_norm.weight"], ref.eps), il)
+        acts[il] = act[:n_prompt]
+        if il in si_layers and il in masks:
+            keep = np.zeros(act.shape[1], dtype=bool)
+            keep[masks[il]] = True
+            act[n_prompt:, ~keep] = 0.0
+        x = x + act @ w[p + "ffn_down.weight"].T
+    x = rms_norm(x, w["output_norm.weight"], ref.eps)
+    return x @ w["output.weight"].T, acts
+
+
+def decode(m: Model, prompt, n):
+    """Greedy: prompt, then n decode steps; returns the generated tokens and each step's logits."""
+    e = m.engine
+    m._set_sampling(0, 0, 1.0, 0)
+    e.eval_prompt(prompt, False)
+    tokens, logits = [], []
+    for _ in range(n):
+        t = e.sample()
+        e.eval_token(t)
+        tokens.append(t)
+        logits.append(e.last_logits())
+    return tokens, np.array(logits)
+
+
+PROMPTS = ["the capital of", "paris is a city", "in the north of the", "a city on the seine", "the end of the",
+           "he is in the town", "of the city", "the north", "a capital", "on the river"]
+
+
+def top_k_margin(acts: dict, alpha: float, by_magnitude: bool) -> float:
+    """Smallest gap, relative to max |a|, between a token's k-th and (k+1)-th activation: float32 and
+    float64 can only disagree on the selection where this gap is at rounding level."""
+    worst = np.inf
+    for a in acts.values():
+        v = np.abs(a) if by_magnitude else a
+        k = min(a.shape[1], int(np.floor(alpha * (a > 0).sum() / a.shape[0] + 0.5)))
+        if k < 1 or k >= a.shape[1]:
+            continue
+        s = -np.sort(-v, axis=1)
+        worst = min(worst, float((s[:, k - 1] - s[:, k]).min() / np.abs(a).max()))
+    return worst
+
+
+@pytest.mark.parametrize("phi,alpha,select_by", [(0.5, 0.2, "value"), (0.4, 0.5, "magnitude"), (0.25, 0.2, "value")])
+def test_selection_and_decode_match_reference(si_model, phi, alpha, select_by):
+    ref = ReferenceModel.load(si_model)
+    with Model(si_model, n_ctx=128) as m:
+        candidates = [m.tokenize(p) for p in PROMPTS]
+    # a prompt without float-level near-ties at any top-k boundary, so the sets must agree exactly
+    for prompt in candidates:
+        _, acts = forward_with_masks(ref, prompt, len(prompt), {}, set())
+        acts = {il: a for il, a in acts.items() if il in (1, 2)}
+        if top_k_margin(acts, alpha, select_by == "magnitude") > 2e-5:  # 20x float32 rounding
+            break
+    else:
+        pytest.fail("every candidate prompt has a near-tie at a top-k boundary")
+    with Model(si_model, n_ctx=128, compute_ratio=phi, token_ratio=alpha, select_by=select_by) as m:
+        tokens, logits = decode(m, prompt, 4)
+        selected = m.selected_neurons()
+    assert sorted(selected) == [1, 2]
+    n_static, n_select = round(0.25 * 256), round(phi * 256)
+    for il, ids in selected.items():
+        expected = reference_select(acts[il], n_static, n_select - n_static, alpha, select_by == "magnitude")
+        assert ids.tolist() == expected, f"layer {il}"
+    # decode: the reference computes only the selected neurons after the prompt
+    sequence = prompt + tokens
+    ref_logits, _ = forward_with_masks(ref, sequence, len(prompt), selected, set(selected))
+    expected_logits = ref_logits[len(prompt): len(prompt) + 4]
+    assert np.abs(logits - expected_logits).max() < 2e-3 * np.abs(expected_logits).max()
+
+
+def test_full_compute_ratio_equals_dense_over_loaded(si_model):
+    with Model(si_model, n_ctx=128, compute_ratio=0.75) as sel, Model(si_model, n_ctx=128, dense=True) as dense:
+        prompt = sel.tokenize(PROMPT)
+        t1, l1 = decode(sel, prompt, 6)
+        t2, l2 = decode(dense, prompt, 6)
+        assert all(len(ids) == 192 for ids in sel.selected_neurons().values())
+    assert t1 == t2
+    assert np.array_equal(l1, l2)
+
+
+def test_sparse_decode_differs_from_dense(si_model):
+    with Model(si_model, n_ctx=128, compute_ratio=0.25) as sel, Model(si_model, n_ctx=128, dense=True) as dense:
+        prompt = sel.tokenize(PROMPT)
+        _, l1 = decode(sel, prompt, 3)
+        _, l2 = decode(dense, prompt, 3)
+    assert np.abs(l1 - l2).max() > 1e-3
+
+
+def test_defaults_come_from_the_file(si_model):
+    r = GGUFReader(str(si_model))
+    assert r.get_field("selectinfer.compute_ratio").contents() == pytest.approx(0.4)
+    with Model(si_model) as m:
+        cfg = m.selection_config()
+    assert cfg["compute_ratio"] == pytest.approx(0.4) and cfg["token_ratio"] == pytest.approx(0.2)
+    assert cfg["select_by"] == "value" and cfg["dense"] is False
+
+
+def test_environment_sets_the_knobs(si_model, monkeypatch):
+    monkeypatch.setenv("SELECTINFER_COMPUTE_RATIO", "0.5")
+    monkeypatch.setenv("SELECTINFER_SELECT_BY", "magnitude")
+    with Model(si_model) as m:
+        cfg = m.selection_config()
+    assert cfg["compute_ratio"] == pytest.approx(0.5) and cfg["select_by"] == "magnitude"
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"compute_ratio": 0.1}, r"compute ratio \(phi\) 0.1 must lie between"),
+    ({"compute_ratio": 0.9}, r"compute ratio \(phi\) 0.9 must lie between"),
+    ({"token_ratio": 0.0}, r"token ratio \(alpha\) must be in \(0, 1\]"),
+    ({"select_by": "size"}, "select_by must be"),
+])
+def test_bad_knobs(si_model, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Model(si_model, **kwargs)
+
+
+def test_knobs_on_a_dense_model(tiny_model):
+    with pytest.raises(ValueError, match="need a SelectInfer GGUF"):
+        Model(tiny_model("tiny-llama", "F32"), compute_ratio=0.4)
+
+
+def test_cli_knobs(cli, si_model, tiny_model):
+    ok = cli("-m", si_model, "-p", "the capital", "-n", "4", "--temp", "0", "--compute-ratio", "0.5",
+             "--token-ratio", "0.3", "--select-by", "magnitude")
+    assert ok.returncode == 0, ok.stderr
+    bad = cli("-m", si_model, "-p", "the capital", "--compute-ratio", "0.95")
+    assert bad.returncode == 1 and "compute ratio (phi)" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    dense = cli("-m", tiny_model("tiny-llama", "F32"), "-p", "x", "--dense-ffn")
+    assert dense.returncode == 1 and "need a SelectInfer GGUF" in dense.stderr
