@@ -29,6 +29,56 @@ void column_range(const ggml_tensor * w, int ith, int nth, int64_t & c0, int64_t
     c1 = std::min(n_blocks, per * (ith + 1)) * blck;
 }
 
+// y[0..n) += v * row[0..n) for one quantized row chunk, dequantizing block by block in
+// registers (decode: each weight is used once, so no dequantized copy is worth writing).
+// Returns false for types without a fused loop (the caller dequantizes a chunk instead).
+bool mad_row(ggml_type type, const void * row, int64_t n, float v, float * y) {
+    switch (type) {
+        case GGML_TYPE_Q8_0: {
+            const auto * b = (const uint8_t *) row;
+            for (int64_t i = 0; i < n; i += 32, b += 34) {
+                ggml_fp16_t d;
+                std::memcpy(&d, b, 2);
+                const float dv = v * GGML_CPU_FP16_TO_FP32(d);
+                const int8_t * q = (const int8_t *) (b + 2);
+                for (int j = 0; j < 32; ++j) y[i + j] += dv * (float) q[j];
+            }
+            return true;
+        }
+        case GGML_TYPE_Q4_0: {
+            const auto * b = (const uint8_t *) row;
+            for (int64_t i = 0; i < n; i += 32, b += 18) {
+                ggml_fp16_t d;
+                std::memcpy(&d, b, 2);
+                const float dv = v * GGML_CPU_FP16_TO_FP32(d);
+                const uint8_t * q = b + 2;
+                for (int j = 0; j < 16; ++j) {
+                    y[i + j]      += dv * (float) ((q[j] & 0x0F) - 8);
+                    y[i + j + 16] += dv * (float) ((q[j] >> 4) - 8);
+                }
+            }
+            return true;
+        }
+        case GGML_TYPE_Q4_1: {
+            const auto * b = (const uint8_t *) row;
+            for (int64_t i = 0; i < n; i += 32, b += 20) {
+                ggml_fp16_t d, m;
+                std::memcpy(&d, b, 2);
+                std::memcpy(&m, b + 2, 2);
+                const float dv = v * GGML_CPU_FP16_TO_FP32(d), mv = v * GGML_CPU_FP16_TO_FP32(m);
+                const uint8_t * q = b + 4;
+                for (int j = 0; j < 16; ++j) {
+                    y[i + j]      += dv * (float) (q[j] & 0x0F) + mv;
+                    y[i + j + 16] += dv * (float) (q[j] >> 4) + mv;
+                }
+            }
+            return true;
+        }
+        default:
+            return false;
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -99,6 +149,20 @@ void ggml_si_compute_forward_mul_rows_t(const struct ggml_compute_params * param
     const size_t offset = ggml_row_size(w->type, c0);  // whole blocks
     const auto to_float = ggml_get_type_traits(w->type)->to_float;
     float * chunk = (float *) params->wdata + params->ith * (w->ne[0] + 64);
+    if (T == 1 && w->type != GGML_TYPE_F32 && w->type != GGML_TYPE_F16) {
+        float * y = (float *) dst->data + c0;
+        const float * hv = (const float *) h->data;
+        bool fused = true;
+        for (int64_t j = 0; j < n && fused; ++j) {
+            if (hv[j] != 0.0f) {
+                fused = mad_row(w->type, (const char *) w->data + row_of(ids, j) * w->nb[1] + offset, width, hv[j], y);
+            }
+        }
+        if (fused) {
+            return;
+        }
+        std::memset(y, 0, width * sizeof(float));  // no fused loop for this type: start again below
+    }
     // tokens in tiles: a weight chunk is read once per tile, the tile's outputs stay in cache
     const int64_t tile = 32;
     for (int64_t t0 = 0; t0 < T; t0 += tile) {

@@ -57,19 +57,27 @@ def _one_run(model: Model, prompt: list[int], n_gen: int) -> tuple[float, float]
 
 
 def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, repeats: int = 5,
-              n_threads: int = 0, profiling: bool = False) -> list[BenchResult]:
-    """Benchmarks each model; with profiling=True each model runs twice, plain and with profiling
-    (in-graph activation statistics), to show what profiling costs."""
+              n_threads: int = 0, profiling: bool = False, compute_ratios: list[float] | None = None) -> list[BenchResult]:
+    """Benchmarks each model side by side. profiling=True adds each model with profiling on;
+    compute_ratios runs each SelectInfer model densely over its loaded neurons and at each phi."""
     if n_prompt < 1 or n_gen < 1 or repeats < 1:
         raise ValueError("n_prompt, n_gen and repeats must be >= 1")
-    configs = [(p, mode) for p in paths for mode in ((False, True) if profiling else (False,))]
+    configs = []
+    for p in paths:
+        selective = _is_selectinfer(p)
+        if selective and compute_ratios:
+            configs.append((f"{Path(p).name} (dense over loaded)", p, {"dense": True}))
+            configs += [(f"{Path(p).name} (phi {phi})", p, {"compute_ratio": phi}) for phi in compute_ratios]
+        else:
+            configs.append((Path(p).name, p, {}))
+        if profiling:
+            configs.append((f"{Path(p).name} (profiling)", p, {"profile": True}))
     models = []
     try:
-        for p, mode in configs:
+        for _, p, kwargs in configs:
             models.append(Model(p, n_ctx=n_prompt + n_gen + 8, n_batch=max(n_prompt, 32), n_threads=n_threads,
-                                profile=mode))
-        results = [BenchResult(str(p), Path(p).name + (" (profiling)" if mode else ""), m.stats()["model_bytes"])
-                   for (p, mode), m in zip(configs, models)]
+                                **kwargs))
+        results = [BenchResult(str(p), label, m.stats()["model_bytes"]) for (label, p, _), m in zip(configs, models)]
         prompts = [_prompt_tokens(m, n_prompt) for m in models]
         for m, prompt in zip(models, prompts):  # warm-up: page in the weights, fill caches
             m._set_sampling(0, 0, 1.0, 0)
@@ -83,6 +91,12 @@ def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, r
     finally:
         for m in models:
             m.close()
+
+
+def _is_selectinfer(path) -> bool:
+    from . import _native
+
+    return "selectinfer.format_version" in _native.read_gguf_header(str(path))["kv"]
 
 
 def format_table(results: list[BenchResult]) -> str:

@@ -22,7 +22,7 @@ def _cmd_bench(args: argparse.Namespace) -> None:
     from .bench import format_table, run_bench
 
     results = run_bench(args.models, n_prompt=args.n_prompt, n_gen=args.n_gen, repeats=args.repeats,
-                        n_threads=args.threads, profiling=args.profiling)
+                        n_threads=args.threads, profiling=args.profiling, compute_ratios=args.compute_ratios)
     print(f"n_prompt {args.n_prompt}, n_gen {args.n_gen}, {args.repeats} interleaved rounds, "
           f"threads {args.threads or 'all'}")
     print(format_table(results))
@@ -108,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--repeats", type=int, default=5)
     p.add_argument("-t", "--threads", type=int, default=0)
     p.add_argument("--profiling", action="store_true", help="also run each model with profiling on, side by side")
+    p.add_argument("--compute-ratios", type=float, nargs="+", metavar="PHI",
+                   help="run SelectInfer models densely over their loaded neurons and at each compute ratio")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("profile", help="score every FFN neuron of a GGUF model on task datasets (step 1)")
