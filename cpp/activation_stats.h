@@ -4,10 +4,12 @@
 // reach the host, on CPU and CUDA alike.
 #pragma once
 
+#include "layer_tensors.h"
+
 #include <cstdint>
+#include <memory>
 #include <vector>
 
-struct ggml_backend_buffer;
 struct ggml_cgraph;
 struct ggml_context;
 struct ggml_tensor;
@@ -18,23 +20,16 @@ namespace selectinfer {
 class ActivationStats {
 public:
     explicit ActivationStats(const llama_model * model);
-    ~ActivationStats();
-    ActivationStats(const ActivationStats &) = delete;
-    ActivationStats & operator=(const ActivationStats &) = delete;
 
     // Adds sums[il] += sum over tokens of |act| to the graph (act: [n_ff, n_tokens]).
     void add_to_graph(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * act, int il) const;
 
     // Per-layer sums, copied from the backends (synchronize the context first).
     std::vector<std::vector<float>> read() const;
-    void reset();
-    const std::vector<int64_t> & widths() const { return widths_; }
+    void reset() { sums_->clear(); }
 
 private:
-    std::vector<ggml_tensor *>         sums_;  // F32 [n_ff(il)] per layer
-    std::vector<int64_t>               widths_;
-    std::vector<ggml_context *>        ctxs_;
-    std::vector<ggml_backend_buffer *> bufs_;
+    std::unique_ptr<LayerTensors> sums_;  // F32 [n_ff(il)] per layer
 };
 
 }  // namespace selectinfer

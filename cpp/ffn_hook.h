@@ -3,8 +3,7 @@
 // Every llama_context gets a ContextHooks (created and freed with the context, 0002), and
 // llm_graph_context::build_ffn calls it twice per layer while a graph is built (0001): at the
 // start, where a SelectInfer layer's FFN is built by neuron_selection.cpp, and before the down
-// projection of a dense layer, where profiling adds its statistics. Because this lives inside libllama, the upstream tools built from the
-// same tree (llama-cli, llama-server, llama-bench, ...) run SelectInfer GGUFs too.
+// projection of a dense layer, where profiling adds its statistics.
 #pragma once
 
 #include <cstdint>

@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
@@ -80,11 +79,6 @@ NeuronSelection::NeuronSelection(const llama_model * model) : model_(model) {
     }
 }
 
-NeuronSelection::~NeuronSelection() {
-    for (ggml_backend_buffer_t buf : bufs_) ggml_backend_buffer_free(buf);
-    for (ggml_context * ctx : ctxs_) ggml_free(ctx);
-}
-
 void NeuronSelection::configure(const SelectionConfig & requested) {
     SelectionConfig cfg = requested;
     if (cfg.compute_ratio < 0) cfg.compute_ratio = default_phi_;
@@ -109,32 +103,18 @@ void NeuronSelection::configure(const SelectionConfig & requested) {
 }
 
 void NeuronSelection::allocate() {
-    for (ggml_backend_buffer_t buf : bufs_) ggml_backend_buffer_free(buf);
-    for (ggml_context * ctx : ctxs_) ggml_free(ctx);
-    bufs_.clear();
-    ctxs_.clear();
-    std::map<ggml_backend_buffer_type_t, ggml_context *> ctx_of_buft;
-    for (Layer & l : layers_) {
-        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(model_->dev_layer(l.il));
-        ggml_context *& ctx = ctx_of_buft[buft];
-        if (!ctx) {
-            ggml_init_params params = {layers_.size() * ggml_tensor_overhead(), nullptr, /*no_alloc=*/true};
-            ctx = ggml_init(params);
-            ctxs_.push_back(ctx);
-        }
-        l.ids = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, l.n_select);
-        ggml_format_name(l.ids, "si_selected-%d", l.il);
+    std::vector<int> layers;
+    std::vector<int64_t> lengths;
+    for (const Layer & l : layers_) {
+        layers.push_back(l.il);
+        lengths.push_back(l.n_select);
     }
-    for (const auto & [buft, ctx] : ctx_of_buft) {
-        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft);
-        if (!buf) throw std::runtime_error("could not allocate the neuron-selection buffers");
-        bufs_.push_back(buf);
-    }
+    ids_ = std::make_unique<LayerTensors>(model_, layers, GGML_TYPE_I32, lengths, "si_selected");
     // before any prompt: the static neurons and the best-ranked secondary ones (stored in that order)
-    for (Layer & l : layers_) {
-        std::vector<int32_t> first(l.n_select);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+        std::vector<int32_t> first(layers_[i].n_select);
         std::iota(first.begin(), first.end(), 0);
-        ggml_backend_tensor_set(l.ids, first.data(), 0, first.size() * sizeof(int32_t));
+        ggml_backend_tensor_set((*ids_)[i], first.data(), 0, first.size() * sizeof(int32_t));
     }
 }
 
@@ -144,30 +124,31 @@ ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, g
         return nullptr;
     }
     const Layer & l = layers_[layer_index_[il]];
+    ggml_tensor * ids = (*ids_)[layer_index_[il]];
     const llama_layer & w = model_->layers[il];
     // x has fewer rows than the batch in the last layer (only the output tokens reach it): the
     // batch size, not the rows, tells a prompt from a decode step
     const bool decode = n_ubatch == 1 && !config_.dense;
     if (decode) {
-        ggml_tensor * gate = ggml_si_mul_rows(ctx, w.ffn_gate, x, l.ids);
-        ggml_tensor * up   = ggml_si_mul_rows(ctx, w.ffn_up, x, l.ids);
-        return ggml_si_mul_rows_t(ctx, w.ffn_down_t, ggml_swiglu_split(ctx, gate, up), l.ids);
+        ggml_tensor * gate = ggml_si_mul_rows(ctx, w.ffn_gate, x, ids);
+        ggml_tensor * up   = ggml_si_mul_rows(ctx, w.ffn_up, x, ids);
+        return ggml_si_mul_rows_t(ctx, w.ffn_down_t, ggml_swiglu_split(ctx, gate, up), ids);
     }
     // prefill: dense over the loaded neurons, and the prompt's selection in the same graph
     ggml_tensor * act = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, w.ffn_gate, x), ggml_mul_mat(ctx, w.ffn_up, x));
     if (!config_.dense) {
         ggml_tensor * chosen = ggml_si_select(ctx, act, l.n_static, l.n_select - l.n_static, config_.token_ratio,
                                               config_.by_magnitude);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, chosen, l.ids));
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, chosen, ids));
     }
     return ggml_si_mul_rows_t(ctx, w.ffn_down_t, act, nullptr);
 }
 
 std::vector<std::vector<int32_t>> NeuronSelection::selected() const {
     std::vector<std::vector<int32_t>> out;
-    for (const Layer & l : layers_) {
-        std::vector<int32_t> v(l.n_select);
-        ggml_backend_tensor_get(l.ids, v.data(), 0, v.size() * sizeof(int32_t));
+    for (size_t i = 0; i < layers_.size(); ++i) {
+        std::vector<int32_t> v(layers_[i].n_select);
+        ggml_backend_tensor_get((*ids_)[i], v.data(), 0, v.size() * sizeof(int32_t));
         out.push_back(std::move(v));
     }
     return out;

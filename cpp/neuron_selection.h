@@ -12,7 +12,8 @@
 #include <string>
 #include <vector>
 
-struct ggml_backend_buffer;
+#include "layer_tensors.h"
+
 struct ggml_cgraph;
 struct ggml_context;
 struct ggml_tensor;
@@ -33,7 +34,6 @@ public:
     // SELECTINFER_TOKEN_RATIO, SELECTINFER_SELECT_BY (value|magnitude) and SELECTINFER_DENSE
     // from the environment, so that any program using libllama can set them.
     static std::unique_ptr<NeuronSelection> for_model(const llama_model * model);
-    ~NeuronSelection();
 
     // Validates and applies a configuration (call before the first decode); throws
     // std::invalid_argument naming the bad value.
@@ -57,7 +57,6 @@ private:
         int n_load = 0;
         int n_static = 0;
         int n_select = 0;
-        ggml_tensor * ids = nullptr;
     };
     explicit NeuronSelection(const llama_model * model);
     void allocate();
@@ -68,8 +67,7 @@ private:
     SelectionConfig config_;
     std::vector<Layer> layers_;   // SelectInfer layers only
     std::vector<int> layer_index_;  // il -> index in layers_, -1 for dense layers
-    std::vector<ggml_context *> ctxs_;
-    std::vector<ggml_backend_buffer *> bufs_;
+    std::unique_ptr<LayerTensors> ids_;  // I32 [n_select] per SelectInfer layer: the selection
 };
 
 }  // namespace selectinfer
