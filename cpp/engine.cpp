@@ -226,14 +226,21 @@ Engine::Engine(const ModelParams & params) : params_(params) {
         throw ModelLoadError("failed to create a context for " + params_.path + (why.empty() ? "" : ": " + why));
     }
     stats_.model_bytes = llama_model_size(model_);
+    try {
+        configure_hooks();
+    } catch (...) {
+        release();
+        throw;
+    }
+    set_sampling(SamplingParams{});
+}
+
+// Selective computation and profiling are set on the context's hooks before the first decode.
+void Engine::configure_hooks() {
     ContextHooks & hooks = context_hooks(ctx_);
     const bool selection_asked = params_.compute_ratio >= 0 || params_.token_ratio >= 0 ||
                                  params_.select_by_magnitude || params_.dense;
     if (selection_asked && !hooks.selection) {
-        llama_free(ctx_);
-        llama_model_free(model_);
-        ctx_ = nullptr;
-        model_ = nullptr;
         throw std::invalid_argument("selective computation options need a SelectInfer GGUF (selectinfer convert); " +
                                     params_.path + " is a dense model");
     }
@@ -243,28 +250,26 @@ Engine::Engine(const ModelParams & params) : params_(params) {
         if (params_.token_ratio >= 0) cfg.token_ratio = params_.token_ratio;
         cfg.by_magnitude = cfg.by_magnitude || params_.select_by_magnitude;
         cfg.dense = cfg.dense || params_.dense;
-        try {
-            hooks.selection->configure(cfg);
-            all_outputs_ = hooks.selection->sparsifies_last_layer();
-        } catch (...) {
-            llama_free(ctx_);
-            llama_model_free(model_);
-            ctx_ = nullptr;
-            model_ = nullptr;
-            throw;
-        }
+        hooks.selection->configure(cfg);
+        all_outputs_ = hooks.selection->sparsifies_last_layer();
     }
-    set_sampling(SamplingParams{});
     if (params_.profile) {
         hooks.stats = std::make_unique<ActivationStats>(model_);
         act_stats_ = hooks.stats.get();
     }
 }
 
-Engine::~Engine() {
+void Engine::release() {
     if (sampler_) llama_sampler_free(sampler_);
     if (ctx_) llama_free(ctx_);
     if (model_) llama_model_free(model_);
+    sampler_ = nullptr;
+    ctx_ = nullptr;
+    model_ = nullptr;
+}
+
+Engine::~Engine() {
+    release();
 }
 
 std::vector<llama_token> Engine::tokenize(const std::string & text, bool add_special, bool parse_special) const {

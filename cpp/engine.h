@@ -141,6 +141,8 @@ public:
     ActivationSums activation_sums(bool reset);
 
 private:
+    void configure_hooks();
+    void release();  // frees sampler, context and model (destructor, failed construction)
     void decode_batch(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits);
 
     ModelParams     params_;

