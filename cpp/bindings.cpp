@@ -88,6 +88,10 @@ PYBIND11_MODULE(_native, m) {
           py::arg("op"), py::arg("inputs"), py::arg("n_threads") = 1, py::arg("n_static") = 0,
           py::arg("n_dynamic") = 0, py::arg("alpha") = 0.0f, py::arg("by_magnitude") = false,
           "runs one sparse FFN op on the CPU backend (inputs: (ggml type, ne, raw bytes)); returns raw output");
+    m.def("time_ffn_layer", &time_ffn_layer, py::arg("type"), py::arg("n_embd"), py::arg("n_ff"), py::arg("n_load"),
+          py::arg("n_select"), py::arg("n_tokens"), py::arg("n_threads"), py::arg("n_reps"),
+          py::call_guard<py::gil_scoped_release>(),
+          "times one FFN layer with random weights: {'dense'|'loaded'|'selected': [ms per run]}");
     m.def("row_bytes", &row_bytes, py::arg("type"), py::arg("n_per_row"));
     m.def("quantize_rows",
           [](int type, py::array_t<float, py::array::c_style | py::array::forcecast> rows) {

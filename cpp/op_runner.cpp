@@ -4,8 +4,12 @@
 #include "ggml.h"
 #include "sparse_ffn_ops.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <stdexcept>
 
 namespace selectinfer {
@@ -39,6 +43,105 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
         throw std::runtime_error("graph compute failed");
     }
     return std::string((const char *) out->data, ggml_nbytes(out));
+}
+
+}  // namespace selectinfer
+
+namespace selectinfer {
+
+namespace {
+
+// Random values in [-1, 1) stored in `type`, row by row.
+void fill_random(ggml_tensor * t, std::mt19937 & rng) {
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> row(t->ne[0]);
+    for (int64_t r = 0; r < ggml_nrows(t); ++r) {
+        for (float & v : row) v = u(rng) * 0.05f;
+        if (t->type == GGML_TYPE_F32) {
+            std::memcpy((char *) t->data + r * t->nb[1], row.data(), row.size() * sizeof(float));
+        } else {
+            ggml_quantize_chunk(t->type, row.data(), (char *) t->data + r * t->nb[1], 0, 1, t->ne[0], nullptr);
+        }
+    }
+}
+
+double time_graph_ms(ggml_context * ctx, const std::vector<ggml_tensor *> & outs, int n_threads) {
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    for (ggml_tensor * out : outs) ggml_build_forward_expand(gf, out);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (ggml_graph_compute_with_ctx(ctx, gf, n_threads) != GGML_STATUS_SUCCESS) {
+        throw std::runtime_error("graph compute failed");
+    }
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type, int64_t n_embd, int64_t n_ff,
+                                                                        int64_t n_load, int64_t n_select,
+                                                                        int64_t n_tokens, int n_threads, int n_reps) {
+    if (!(0 < n_select && n_select <= n_load && n_load <= n_ff) || n_tokens < 1 || n_reps < 1) {
+        throw std::invalid_argument("time_ffn_layer needs 0 < n_select <= n_load <= n_ff, n_tokens >= 1, n_reps >= 1");
+    }
+    const auto wt = (ggml_type) type;
+    const size_t weights = ggml_row_size(wt, n_embd) * (3 * n_ff + 3 * n_load);
+    const size_t acts = (size_t) n_tokens * (n_embd + n_ff) * 4 * sizeof(float) * 8;
+    ggml_init_params params = {weights + acts + 64 * 1024 * 1024, nullptr, false};
+    std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx(ggml_init(params), ggml_free);
+    ggml_context * c = ctx.get();
+    std::mt19937 rng(1234);
+
+    ggml_tensor * x = ggml_new_tensor_2d(c, GGML_TYPE_F32, n_embd, n_tokens);
+    fill_random(x, rng);
+    // the original layer: gate/up [n_embd, n_ff], down [n_ff, n_embd]
+    ggml_tensor * gate = ggml_new_tensor_2d(c, wt, n_embd, n_ff);
+    ggml_tensor * up   = ggml_new_tensor_2d(c, wt, n_embd, n_ff);
+    ggml_tensor * down = ggml_new_tensor_2d(c, wt, n_ff, n_embd);
+    // the SI layer: n_load rows of each, down stored transposed
+    ggml_tensor * gate_si = ggml_new_tensor_2d(c, wt, n_embd, n_load);
+    ggml_tensor * up_si   = ggml_new_tensor_2d(c, wt, n_embd, n_load);
+    ggml_tensor * down_t  = ggml_new_tensor_2d(c, wt, n_embd, n_load);
+    for (ggml_tensor * t : {gate, up, down, gate_si, up_si, down_t}) fill_random(t, rng);
+    // a selection like the engine's: the first rows (static), then a sorted random subset
+    ggml_tensor * ids = ggml_new_tensor_1d(c, GGML_TYPE_I32, n_select);
+    {
+        std::vector<int32_t> rows(n_load);
+        std::iota(rows.begin(), rows.end(), 0);
+        const int64_t n_static = n_select / 2;
+        std::shuffle(rows.begin() + n_static, rows.end(), rng);
+        std::sort(rows.begin() + n_static, rows.begin() + n_select);
+        std::memcpy(ids->data, rows.data(), n_select * sizeof(int32_t));
+    }
+
+    // each step is its own graph, so that the time splits into gate+up, down and selection; the
+    // down projections and the selection read random activations (leaves, not recomputed)
+    auto act_of = [&](ggml_tensor * g, ggml_tensor * u) { return ggml_swiglu_split(c, g, u); };
+    auto leaf = [&](int64_t rows) {
+        ggml_tensor * t = ggml_new_tensor_2d(c, GGML_TYPE_F32, rows, n_tokens);
+        fill_random(t, rng);
+        return t;
+    };
+    const int n_static = (int) (n_select / 2);
+    std::vector<std::pair<std::string, std::vector<ggml_tensor *>>> steps = {
+        {"dense gate+up", {act_of(ggml_mul_mat(c, gate, x), ggml_mul_mat(c, up, x))}},
+        {"dense down", {ggml_mul_mat(c, down, leaf(n_ff))}},
+        {"loaded gate+up", {act_of(ggml_mul_mat(c, gate_si, x), ggml_mul_mat(c, up_si, x))}},
+        {"loaded down", {ggml_si_mul_rows_t(c, down_t, leaf(n_load), nullptr)}},
+    };
+    if (n_tokens == 1) {
+        steps.push_back({"selected gate+up", {act_of(ggml_si_mul_rows(c, gate_si, x, ids), ggml_si_mul_rows(c, up_si, x, ids))}});
+        steps.push_back({"selected down", {ggml_si_mul_rows_t(c, down_t, leaf(n_select), ids)}});
+    } else {  // a prompt computes the loaded layer and selects
+        steps.push_back({"selection", {ggml_si_select(c, leaf(n_load), n_static, (int) n_select - n_static, 0.2f, false)}});
+    }
+    std::vector<std::pair<std::string, std::vector<double>>> times;
+    for (const auto & step : steps) times.push_back({step.first, {}});
+    for (int r = 0; r < n_reps; ++r) {  // interleaved, so that machine noise hits every variant alike
+        for (size_t v = 0; v < steps.size(); ++v) {
+            times[v].second.push_back(time_graph_ms(c, steps[v].second, n_threads));
+        }
+    }
+    return times;
 }
 
 }  // namespace selectinfer

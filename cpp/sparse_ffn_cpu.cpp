@@ -1,6 +1,10 @@
-// CPU kernels of selectinfer's ops (compiled into ggml-cpu). They reuse ggml's per-type
-// machinery instead of new SIMD: vec_dot with the type's vec_dot_type (the activation is
-// quantized once), to_float for a row chunk, ggml_vec_mad_f32 for the accumulation.
+// CPU kernels of selectinfer's ops (compiled into ggml-cpu).
+//   mul_rows    gathers rows and uses ggml's own vec_dot for the weight type (the activation is
+//               converted once to the type's vec_dot_type), like upstream's mul_mat.
+//   mul_rows_t  one token: adds rows eight at a time with per-type loops that convert in
+//               registers (GCC vector extensions; F16 through F16C), other types row by row;
+//               several tokens: a blocked GEMM over F32 panels of the weight.
+//   select      the prompt's neuron selection, one thread.
 #include "sparse_ffn_ops.h"
 
 #include "ggml-cpu-impl.h"
@@ -29,53 +33,255 @@ void column_range(const ggml_tensor * w, int ith, int nth, int64_t & c0, int64_t
     c1 = std::min(n_blocks, per * (ith + 1)) * blck;
 }
 
-// y[0..n) += v * row[0..n) for one quantized row chunk, dequantizing block by block in
-// registers (decode: each weight is used once, so no dequantized copy is worth writing).
-// Returns false for types without a fused loop (the caller dequantizes a chunk instead).
-bool mad_row(ggml_type type, const void * row, int64_t n, float v, float * y) {
+// --- one token: y += sum over a group of rows of v[k] * row k ------------------------------------
+// Rows are added GROUP at a time, block by block, converting in registers: eight weight streams
+// keep the memory bus busy where one row at a time (convert, then add) reaches half the bandwidth.
+constexpr int GROUP = 8;
+typedef float    f32x16 __attribute__((vector_size(64)));
+typedef int32_t  i32x16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef uint8_t  u8x16  __attribute__((vector_size(16)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+
+template <typename V, typename S> inline V load_as(const S * p) { V v; std::memcpy(&v, p, sizeof v); return v; }
+inline f32x16 splat(float x) { return f32x16{} + x; }
+// integers to floats through 32-bit lanes: GCC scalarizes a direct 8-bit to float conversion
+template <typename V> inline f32x16 to_f32(V q) { return __builtin_convertvector(__builtin_convertvector(q, i32x16), f32x16); }
+inline float fp16(const uint8_t * p) { ggml_fp16_t d; std::memcpy(&d, p, 2); return GGML_CPU_FP16_TO_FP32(d); }
+
+#if defined(__F16C__)
+inline f32x16 f16x16(const void * p) {
+#if defined(__AVX512F__)
+    return (f32x16) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) p));
+#else
+    float f[16];
+    _mm256_storeu_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) p)));
+    _mm256_storeu_ps(f + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) p + 1)));
+    return load_as<f32x16>(f);
+#endif
+}
+#endif
+
+// Adds one 32-column block (index b) of each of nr rows, weighted by v, to a0 (columns 0..15) and a1.
+template <ggml_type T>
+inline void add_block(const char * const * rows, const float * v, int nr, int64_t b, f32x16 & a0, f32x16 & a1) {
+    for (int k = 0; k < nr; ++k) {
+        if constexpr (T == GGML_TYPE_F32) {
+            const float * r = (const float *) rows[k] + 32 * b;
+            a0 += v[k] * load_as<f32x16>(r);
+            a1 += v[k] * load_as<f32x16>(r + 16);
+#if defined(__F16C__)
+        } else if constexpr (T == GGML_TYPE_F16) {
+            const ggml_fp16_t * r = (const ggml_fp16_t *) rows[k] + 32 * b;
+            a0 += v[k] * f16x16(r);
+            a1 += v[k] * f16x16(r + 16);
+#endif
+        } else if constexpr (T == GGML_TYPE_BF16) {  // bf16 is the top half of an f32
+            const uint16_t * r = (const uint16_t *) rows[k] + 32 * b;
+            a0 += v[k] * (f32x16) (__builtin_convertvector(load_as<u16x16>(r), u32x16) << 16);
+            a1 += v[k] * (f32x16) (__builtin_convertvector(load_as<u16x16>(r + 16), u32x16) << 16);
+        } else if constexpr (T == GGML_TYPE_Q8_0) {  // d, 32 x int8
+            const uint8_t * blk = (const uint8_t *) rows[k] + 34 * b;
+            const f32x16 d = splat(v[k] * fp16(blk));
+            // as unsigned bytes offset by 128: GCC scalarizes the signed 8-bit widening here
+            a0 += d * (to_f32(load_as<u8x16>(blk + 2) ^ 0x80) - 128.0f);
+            a1 += d * (to_f32(load_as<u8x16>(blk + 18) ^ 0x80) - 128.0f);
+        } else if constexpr (T == GGML_TYPE_Q4_0) {  // d, 16 bytes: low nibbles are values 0..15, high 16..31
+            const uint8_t * blk = (const uint8_t *) rows[k] + 18 * b;
+            const f32x16 d = splat(v[k] * fp16(blk));
+            const u8x16 q = load_as<u8x16>(blk + 2);
+            a0 += d * (to_f32(q & 0x0F) - 8.0f);
+            a1 += d * (to_f32(q >> 4) - 8.0f);
+        } else if constexpr (T == GGML_TYPE_Q4_1) {  // d, m, 16 bytes of nibbles
+            const uint8_t * blk = (const uint8_t *) rows[k] + 20 * b;
+            const f32x16 d = splat(v[k] * fp16(blk)), m = splat(v[k] * fp16(blk + 2));
+            const u8x16 q = load_as<u8x16>(blk + 4);
+            a0 += d * to_f32(q & 0x0F) + m;
+            a1 += d * to_f32(q >> 4) + m;
+        }
+    }
+}
+
+template <ggml_type T>
+void add_rows(const char * const * rows, const float * v, int nr, int64_t E, float * y) {
+    for (int64_t b = 0; b < E / 32; ++b) {
+        f32x16 a0 = load_as<f32x16>(y + 32 * b), a1 = load_as<f32x16>(y + 32 * b + 16);
+        add_block<T>(rows, v, nr, b, a0, a1);
+        std::memcpy(y + 32 * b, &a0, sizeof a0);
+        std::memcpy(y + 32 * b + 16, &a1, sizeof a1);
+    }
+}
+
+// y[0..E) += sum_k v[k] * rows[k][0..E) for nr <= GROUP rows; false when this type (or this E,
+// or this CPU) has no fused loop and the caller converts row by row instead.
+bool add_rows_fused(ggml_type type, const char * const * rows, const float * v, int nr, int64_t E, float * y) {
+    if (E % 32 != 0) return false;
     switch (type) {
-        case GGML_TYPE_Q8_0: {
-            const auto * b = (const uint8_t *) row;
-            for (int64_t i = 0; i < n; i += 32, b += 34) {
-                ggml_fp16_t d;
-                std::memcpy(&d, b, 2);
-                const float dv = v * GGML_CPU_FP16_TO_FP32(d);
-                const int8_t * q = (const int8_t *) (b + 2);
-                for (int j = 0; j < 32; ++j) y[i + j] += dv * (float) q[j];
-            }
-            return true;
+        case GGML_TYPE_F32:  add_rows<GGML_TYPE_F32>(rows, v, nr, E, y); return true;
+#if defined(__F16C__)
+        case GGML_TYPE_F16:  add_rows<GGML_TYPE_F16>(rows, v, nr, E, y); return true;
+#endif
+        case GGML_TYPE_BF16: add_rows<GGML_TYPE_BF16>(rows, v, nr, E, y); return true;
+        case GGML_TYPE_Q8_0: add_rows<GGML_TYPE_Q8_0>(rows, v, nr, E, y); return true;
+        case GGML_TYPE_Q4_0: add_rows<GGML_TYPE_Q4_0>(rows, v, nr, E, y); return true;
+        case GGML_TYPE_Q4_1: add_rows<GGML_TYPE_Q4_1>(rows, v, nr, E, y); return true;
+        default:             return false;
+    }
+}
+
+// The first cache lines of a row read next: a jump to a non-adjacent row otherwise starts with
+// demand misses until the hardware prefetcher catches up.
+inline void prefetch_row_start(const char * row, size_t row_size) {
+    for (size_t off = 0; off < std::min<size_t>(row_size, 1024); off += 64) __builtin_prefetch(row + off);
+}
+
+// Weight rows r[0..n) of w, columns [c0, c0 + width) (whole blocks), as F32 rows of `stride` floats.
+void rows_to_float(const ggml_tensor * w, const ggml_tensor * ids, int64_t j0, int64_t n, int64_t c0, int64_t width,
+                   float * out, int64_t stride) {
+    const size_t offset = ggml_row_size(w->type, c0);
+    const auto to_float = ggml_get_type_traits(w->type)->to_float;
+    for (int64_t j = 0; j < n; ++j) {
+        const char * row = (const char *) w->data + row_of(ids, j0 + j) * w->nb[1] + offset;
+        float * o = out + j * stride;
+        switch (w->type) {
+            case GGML_TYPE_F32:  std::memcpy(o, row, width * sizeof(float)); break;
+            case GGML_TYPE_F16:  ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) row, o, width); break;  // SIMD
+            case GGML_TYPE_BF16: ggml_cpu_bf16_to_fp32((const ggml_bf16_t *) row, o, width); break;
+            default:             to_float(row, o, width); break;
         }
-        case GGML_TYPE_Q4_0: {
-            const auto * b = (const uint8_t *) row;
-            for (int64_t i = 0; i < n; i += 32, b += 18) {
-                ggml_fp16_t d;
-                std::memcpy(&d, b, 2);
-                const float dv = v * GGML_CPU_FP16_TO_FP32(d);
-                const uint8_t * q = b + 2;
-                for (int j = 0; j < 16; ++j) {
-                    y[i + j]      += dv * (float) ((q[j] & 0x0F) - 8);
-                    y[i + j + 16] += dv * (float) ((q[j] >> 4) - 8);
+    }
+}
+
+// One token (decode): threads split the neurons; each adds its rows, GROUP at a time, into a
+// private output row, and the private rows are summed at the end.
+void mul_rows_t_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
+    const ggml_tensor * w = dst->src[0];
+    const ggml_tensor * ids = dst->src[2];
+    const float * h = (const float *) dst->src[1]->data;
+    const int64_t n = dst->src[1]->ne[0], E = w->ne[0];
+    const int ith = params->ith, nth = params->nth;
+    const int64_t stride = E + 64;  // floats per thread buffer, apart by a cache line or more
+    float * y = (float *) params->wdata + (int64_t) ith * 2 * stride;
+    float * chunk = y + stride;
+    std::memset(y, 0, E * sizeof(float));
+    const size_t row_size = ggml_row_size(w->type, E);
+    // groups dealt out in turn: the static rows come first and are contiguous, the dynamic ones
+    // scattered (slower to read), so contiguous halves would leave one thread waiting
+    for (int64_t j = ith * GROUP; j < n; j += nth * GROUP) {
+        const int nr = (int) std::min<int64_t>(GROUP, n - j);
+        const char * rows[GROUP];
+        for (int k = 0; k < nr; ++k) rows[k] = (const char *) w->data + row_of(ids, j + k) * w->nb[1];
+        for (int64_t k = j + nth * GROUP; k < std::min(n, j + (nth + 1) * GROUP); ++k) {
+            prefetch_row_start((const char *) w->data + row_of(ids, k) * w->nb[1], row_size);
+        }
+        if (add_rows_fused(w->type, rows, h + j, nr, E, y)) continue;
+        for (int k = 0; k < nr; ++k) {
+            if (h[j + k] == 0.0f) continue;
+            rows_to_float(w, ids, j + k, 1, 0, E, chunk, E);
+            ggml_vec_mad_f32((int) E, y, chunk, h[j + k]);
+        }
+    }
+    ggml_barrier(params->threadpool);
+    int64_t c0, c1;
+    column_range(dst, ith, nth, c0, c1);
+    float * out = (float *) dst->data;
+    for (int64_t c = c0; c < c1; ++c) {
+        float sum = 0.0f;
+        for (int t = 0; t < nth; ++t) sum += ((const float *) params->wdata)[(int64_t) t * 2 * stride + c];
+        out[c] = sum;
+    }
+}
+
+// Several tokens (prefill): out[:, t] = sum_j h[j, t] w[row j] is a matrix product whose weight
+// is stored along the output; computed as a blocked outer-product GEMM. A panel of weight
+// columns is converted to F32 once per chunk of rows and reused by every token, and a register
+// tile of TILE_T tokens x TILE_E columns accumulates over the rows.
+#if defined(__AVX512F__)
+constexpr int VEC = 16, TILE_T = 8;
+#elif defined(__AVX__)
+constexpr int VEC = 8, TILE_T = 6;
+#else
+constexpr int VEC = 4, TILE_T = 8;
+#endif
+constexpr int TILE_E = 2 * VEC;
+typedef float vfloat __attribute__((vector_size(VEC * sizeof(float))));
+constexpr int64_t PANEL_ROWS = 128, TOKEN_CHUNK = 64;
+
+inline vfloat load(const float * p) { vfloat v; std::memcpy(&v, p, sizeof v); return v; }
+inline void store(float * p, vfloat v) { std::memcpy(p, &v, sizeof v); }
+
+// c[t][0..TILE_E) (+)= sum over rows j < n_rows of h[t][j] * panel[j][0..TILE_E)
+template <int TT>
+void tile_kernel(const float * panel, int64_t panel_stride, int64_t n_rows, const float * const * h, float * const * c,
+                 bool first) {
+    vfloat acc[TT][2];
+    for (int t = 0; t < TT; ++t) {
+        acc[t][0] = first ? vfloat{} : load(c[t]);
+        acc[t][1] = first ? vfloat{} : load(c[t] + VEC);
+    }
+    for (int64_t j = 0; j < n_rows; ++j) {
+        const vfloat w0 = load(panel + j * panel_stride), w1 = load(panel + j * panel_stride + VEC);
+        for (int t = 0; t < TT; ++t) {
+            const vfloat b = vfloat{} + h[t][j];
+            acc[t][0] += b * w0;
+            acc[t][1] += b * w1;
+        }
+    }
+    for (int t = 0; t < TT; ++t) {
+        store(c[t], acc[t][0]);
+        store(c[t] + VEC, acc[t][1]);
+    }
+}
+
+template <int TT>
+void tile_dispatch(int tt, const float * panel, int64_t stride, int64_t n_rows, const float * const * h,
+                   float * const * c, bool first) {
+    if constexpr (TT > 0) {
+        if (tt == TT) return tile_kernel<TT>(panel, stride, n_rows, h, c, first);
+        tile_dispatch<TT - 1>(tt, panel, stride, n_rows, h, c, first);
+    }
+}
+
+void mul_rows_t_tokens(const ggml_compute_params * params, ggml_tensor * dst) {
+    const ggml_tensor * w = dst->src[0];
+    const ggml_tensor * hs = dst->src[1];
+    const ggml_tensor * ids = dst->src[2];
+    const int64_t n = hs->ne[0], T = hs->ne[1], E = w->ne[0];
+    const int64_t panel_width = std::max<int64_t>(64, ggml_blck_size(w->type));  // whole blocks
+    const int64_t n_panels = (E + panel_width - 1) / panel_width;
+    const int64_t n_chunks = (T + TOKEN_CHUNK - 1) / TOKEN_CHUNK;
+    float * panel = (float *) params->wdata + params->ith * (PANEL_ROWS * panel_width + 64);
+    auto h_row = [&](int64_t t) { return (const float *) ((const char *) hs->data + t * hs->nb[1]); };
+    auto c_row = [&](int64_t t) { return (float *) ((char *) dst->data + t * dst->nb[1]); };
+
+    for (int64_t item = params->ith; item < n_panels * n_chunks; item += params->nth) {
+        const int64_t e0 = (item % n_panels) * panel_width, width = std::min(panel_width, E - e0);
+        const int64_t t0 = (item / n_panels) * TOKEN_CHUNK, t1 = std::min(T, t0 + TOKEN_CHUNK);
+        if (n == 0) {
+            for (int64_t t = t0; t < t1; ++t) std::memset(c_row(t) + e0, 0, width * sizeof(float));
+        }
+        for (int64_t j0 = 0; j0 < n; j0 += PANEL_ROWS) {
+            const int64_t rows = std::min(PANEL_ROWS, n - j0);
+            rows_to_float(w, ids, j0, rows, e0, width, panel, panel_width);
+            for (int64_t ts = t0; ts < t1; ts += TILE_T) {
+                const int tt = (int) std::min<int64_t>(TILE_T, t1 - ts);
+                const float * h[TILE_T];
+                float * c[TILE_T];
+                for (int t = 0; t < tt; ++t) h[t] = h_row(ts + t) + j0;
+                int64_t e = 0;
+                for (; e + TILE_E <= width; e += TILE_E) {
+                    for (int t = 0; t < tt; ++t) c[t] = c_row(ts + t) + e0 + e;
+                    tile_dispatch<TILE_T>(tt, panel + e, panel_width, rows, h, c, j0 == 0);
+                }
+                for (; e < width; ++e) {  // columns left over when E is not a multiple of TILE_E
+                    for (int t = 0; t < tt; ++t) {
+                        float sum = j0 == 0 ? 0.0f : c_row(ts + t)[e0 + e];
+                        for (int64_t j = 0; j < rows; ++j) sum += h[t][j] * panel[j * panel_width + e];
+                        c_row(ts + t)[e0 + e] = sum;
+                    }
                 }
             }
-            return true;
         }
-        case GGML_TYPE_Q4_1: {
-            const auto * b = (const uint8_t *) row;
-            for (int64_t i = 0; i < n; i += 32, b += 20) {
-                ggml_fp16_t d, m;
-                std::memcpy(&d, b, 2);
-                std::memcpy(&m, b + 2, 2);
-                const float dv = v * GGML_CPU_FP16_TO_FP32(d), mv = v * GGML_CPU_FP16_TO_FP32(m);
-                const uint8_t * q = b + 4;
-                for (int j = 0; j < 16; ++j) {
-                    y[i + j]      += dv * (float) (q[j] & 0x0F) + mv;
-                    y[i + j + 16] += dv * (float) (q[j] >> 4) + mv;
-                }
-            }
-            return true;
-        }
-        default:
-            return false;
     }
 }
 
@@ -89,9 +295,13 @@ size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks) {
             const ggml_type vdt = ggml_get_type_traits_cpu(node->src[0]->type)->vec_dot_type;
             return ggml_row_size(vdt, node->src[1]->ne[0]) * node->src[1]->ne[1] + 64;
         }
-        case GGML_OP_SI_MUL_ROWS_T:
-            // one dequantized row chunk per thread
-            return (size_t) n_tasks * (node->src[0]->ne[0] + 64) * sizeof(float);
+        case GGML_OP_SI_MUL_ROWS_T: {
+            // one token: a private output row and a converted weight row per thread;
+            // several: a converted weight panel per thread
+            const int64_t E = node->src[0]->ne[0];
+            const int64_t panel = PANEL_ROWS * std::max<int64_t>(64, ggml_blck_size(node->src[0]->type)) + 64;
+            return (size_t) n_tasks * std::max<int64_t>(2 * (E + 64), panel) * sizeof(float);
+        }
         case GGML_OP_SI_SELECT:
             // per neuron: a value, an index and a count
             return (size_t) node->src[0]->ne[0] * (sizeof(float) + 2 * sizeof(int32_t)) + 64;
@@ -121,71 +331,30 @@ void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params,
         ggml_barrier(params->threadpool);
         xq = wdata;
     }
-    const int64_t per = (n + nth - 1) / nth;
-    const int64_t j0 = std::min(n, per * ith), j1 = std::min(n, per * (ith + 1));
-    for (int64_t j = j0; j < j1; ++j) {
-        const char * row = (const char *) w->data + row_of(ids, j) * w->nb[1];
-        for (int64_t t = 0; t < T; ++t) {
-            float * out = (float *) ((char *) dst->data + t * dst->nb[1]) + j;
-            traits->vec_dot((int) K, out, 0, row, 0, xq + t * x_row, 0, 1);
+    // rows in chunks dealt out in turn: the static rows come first and are contiguous, the
+    // dynamic ones scattered (slower to read), so contiguous halves would leave a thread waiting
+    const int64_t chunk = 16;
+    for (int64_t c0 = ith * chunk; c0 < n; c0 += nth * chunk) {
+        const int64_t c1 = std::min(n, c0 + chunk);
+        if (c0 + nth * chunk < n) {
+            prefetch_row_start((const char *) w->data + row_of(ids, c0 + nth * chunk) * w->nb[1], w->nb[1]);
+        }
+        for (int64_t j = c0; j < c1; ++j) {
+            const char * row = (const char *) w->data + row_of(ids, j) * w->nb[1];
+            if (j + 1 < c1) prefetch_row_start((const char *) w->data + row_of(ids, j + 1) * w->nb[1], w->nb[1]);
+            for (int64_t t = 0; t < T; ++t) {
+                float * out = (float *) ((char *) dst->data + t * dst->nb[1]) + j;
+                traits->vec_dot((int) K, out, 0, row, 0, xq + t * x_row, 0, 1);
+            }
         }
     }
 }
 
 void ggml_si_compute_forward_mul_rows_t(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
-    const ggml_tensor * w = dst->src[0];
-    const ggml_tensor * h = dst->src[1];
-    const ggml_tensor * ids = dst->src[2];
-    const int64_t n = h->ne[0], T = h->ne[1];
-    int64_t c0, c1;
-    column_range(w, params->ith, params->nth, c0, c1);
-    for (int64_t t = 0; t < T; ++t) {
-        std::memset((float *) ((char *) dst->data + t * dst->nb[1]) + c0, 0, (c1 - c0) * sizeof(float));
-    }
-    if (c1 <= c0) {
-        return;
-    }
-    const int64_t width = c1 - c0;
-    const size_t offset = ggml_row_size(w->type, c0);  // whole blocks
-    const auto to_float = ggml_get_type_traits(w->type)->to_float;
-    float * chunk = (float *) params->wdata + params->ith * (w->ne[0] + 64);
-    if (T == 1 && w->type != GGML_TYPE_F32 && w->type != GGML_TYPE_F16) {
-        float * y = (float *) dst->data + c0;
-        const float * hv = (const float *) h->data;
-        bool fused = true;
-        for (int64_t j = 0; j < n && fused; ++j) {
-            if (hv[j] != 0.0f) {
-                fused = mad_row(w->type, (const char *) w->data + row_of(ids, j) * w->nb[1] + offset, width, hv[j], y);
-            }
-        }
-        if (fused) {
-            return;
-        }
-        std::memset(y, 0, width * sizeof(float));  // no fused loop for this type: start again below
-    }
-    // tokens in tiles: a weight chunk is read once per tile, the tile's outputs stay in cache
-    const int64_t tile = 32;
-    for (int64_t t0 = 0; t0 < T; t0 += tile) {
-        const int64_t t1 = std::min(T, t0 + tile);
-        for (int64_t j = 0; j < n; ++j) {
-            const char * row = (const char *) w->data + row_of(ids, j) * w->nb[1] + offset;
-            const float * src;
-            if (w->type == GGML_TYPE_F32) {
-                src = (const float *) row;
-            } else if (w->type == GGML_TYPE_F16) {  // SIMD conversion
-                ggml_cpu_fp16_to_fp32((const ggml_fp16_t *) row, chunk, width);
-                src = chunk;
-            } else {
-                to_float(row, chunk, width);
-                src = chunk;
-            }
-            for (int64_t t = t0; t < t1; ++t) {
-                const float v = ((const float *) ((const char *) h->data + t * h->nb[1]))[j];
-                if (v != 0.0f) {
-                    ggml_vec_mad_f32((int) width, (float *) ((char *) dst->data + t * dst->nb[1]) + c0, src, v);
-                }
-            }
-        }
+    if (dst->src[1]->ne[1] == 1) {
+        mul_rows_t_one_token(params, dst);
+    } else {
+        mul_rows_t_tokens(params, dst);
     }
 }
 
