@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include "activation_stats.h"
+#include "neuron_selection.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -392,8 +393,11 @@ static void check_tokens(const std::vector<llama_token> & tokens, int32_t n_voca
 std::vector<float> Engine::eval_prompt(const std::vector<llama_token> & tokens, bool all_logits) {
     check_tokens(tokens, n_vocab(), n_ctx(), "prompt");
     // Reuse the cached prefix; at least the last token is evaluated again to get its logits.
+    // A model that selects neurons evaluates the whole prompt: the selection counts every token.
+    NeuronSelection * selection = context_hooks(ctx_).selection.get();
+    const bool selects = selection && !selection->config().dense;
     size_t keep = 0;
-    if (!all_logits) {
+    if (!all_logits && !selects) {
         while (keep < history_.size() && keep < tokens.size() && history_[keep] == tokens[keep]) ++keep;
         keep = std::min(keep, tokens.size() - 1);
     }
@@ -406,16 +410,23 @@ std::vector<float> Engine::eval_prompt(const std::vector<llama_token> & tokens, 
     const int32_t n_vocab_ = n_vocab();
     std::vector<float> logits;
     auto t0 = std::chrono::steady_clock::now();
-    for (size_t start = keep; start < tokens.size(); start += params_.n_batch) {
-        int32_t n = (int32_t) std::min<size_t>(params_.n_batch, tokens.size() - start);
-        decode_batch(tokens.data() + start, n, (int32_t) start, all_logits);
-        if (all_logits) {
-            for (int32_t i = 0; i < n; ++i) {
-                const float * row = llama_get_logits_ith(ctx_, i);
-                logits.insert(logits.end(), row, row + n_vocab_);
+    if (selection) selection->set_phase(NeuronSelection::Phase::prompt);  // a one-token prompt selects too
+    try {
+        for (size_t start = keep; start < tokens.size(); start += params_.n_batch) {
+            int32_t n = (int32_t) std::min<size_t>(params_.n_batch, tokens.size() - start);
+            decode_batch(tokens.data() + start, n, (int32_t) start, all_logits);
+            if (all_logits) {
+                for (int32_t i = 0; i < n; ++i) {
+                    const float * row = llama_get_logits_ith(ctx_, i);
+                    logits.insert(logits.end(), row, row + n_vocab_);
+                }
             }
         }
+    } catch (...) {
+        if (selection) selection->set_phase(NeuronSelection::Phase::decode);
+        throw;
     }
+    if (selection) selection->set_phase(NeuronSelection::Phase::decode);
     if (!all_logits) {
         const float * row = llama_get_logits_ith(ctx_, -1);  // the last output row
         logits.assign(row, row + n_vocab_);

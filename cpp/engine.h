@@ -107,7 +107,8 @@ public:
                                     const std::string & tmpl = "") const;
 
     // --- evaluation (one sequence; the KV cache holds `history()`) ---
-    // Evaluates `tokens` as the new prompt, reusing the longest prefix already in the cache.
+    // Evaluates `tokens` as the new prompt, reusing the longest prefix already in the cache
+    // (not in a model that selects neurons: its selection counts every prompt token).
     // With all_logits the returned matrix holds one row of n_vocab logits per token, else
     // only the last row. Counts as prefill in the statistics.
     std::vector<float> eval_prompt(const std::vector<llama_token> & tokens, bool all_logits);

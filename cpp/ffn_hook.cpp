@@ -22,6 +22,11 @@ ggml_tensor * selectinfer_ffn_hook(void * hooks, ggml_context * ctx, ggml_cgraph
     return act;
 }
 
+bool selectinfer_graph_reusable(void * hooks) {
+    auto * h = static_cast<ContextHooks *>(hooks);
+    return !h->selection || h->selection->graph_reusable();
+}
+
 void * selectinfer_context_create(const llama_model * model) {
     return new ContextHooks(model);
 }

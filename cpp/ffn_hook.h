@@ -1,9 +1,10 @@
 // The one place where the patched llama.cpp calls into selectinfer (ggml-patches/).
 //
-// Every llama_context gets a ContextHooks (created and freed with the context, 0002), and
-// llm_graph_context::build_ffn calls it twice per layer while a graph is built (0001): at the
-// start, where a SelectInfer layer's FFN is built by neuron_selection.cpp, and before the down
-// projection of a dense layer, where profiling adds its statistics.
+// Every llama_context gets a ContextHooks (created and freed with the context, 0002; asked
+// before a graph is reused, 0004), and llm_graph_context::build_ffn calls it twice per layer
+// while a graph is built (0001): at the start, where a SelectInfer layer's FFN is built by
+// neuron_selection.cpp, and before the down projection of a dense layer, where profiling adds
+// its statistics.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,10 @@ ggml_tensor * selectinfer_ffn_begin(void * hooks, ggml_context * ctx, ggml_cgrap
 // Before the down projection of a dense layer (act [n_ff, n_tokens]): adds profiling nodes;
 // returns what the down projection consumes.
 ggml_tensor * selectinfer_ffn_hook(void * hooks, ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * act, int il);
+
+// Whether llama_context may reuse its previous graph for the next ubatch (0004): not when the
+// selection phase changed since it was built (neuron_selection.h).
+bool selectinfer_graph_reusable(void * hooks);
 
 void * selectinfer_context_create(const llama_model * model);
 void   selectinfer_context_free(void * hooks);

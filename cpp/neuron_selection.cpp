@@ -128,20 +128,26 @@ ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, g
     const llama_layer & w = model_->layers[il];
     // x has fewer rows than the batch in the last layer (only the output tokens reach it): the
     // batch size, not the rows, tells a prompt from a decode step
-    const bool decode = n_ubatch == 1 && !config_.dense;
-    if (decode) {
+    const bool prompt = phase_ == Phase::prompt || (phase_ == Phase::by_batch_size && n_ubatch > 1);
+    built_prompt_ = prompt;
+    const bool all_loaded = config_.dense || l.n_select == l.n_load;
+    if (!prompt && !all_loaded) {
         ggml_tensor * gate = ggml_si_mul_rows(ctx, w.ffn_gate, x, ids);
         ggml_tensor * up   = ggml_si_mul_rows(ctx, w.ffn_up, x, ids);
         return ggml_si_mul_rows_t(ctx, w.ffn_down_t, ggml_swiglu_split(ctx, gate, up), ids);
     }
-    // prefill: dense over the loaded neurons, and the prompt's selection in the same graph
+    // dense over the loaded neurons; a prompt selects its neurons in the same graph
     ggml_tensor * act = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, w.ffn_gate, x), ggml_mul_mat(ctx, w.ffn_up, x));
-    if (!config_.dense) {
+    if (prompt && !all_loaded) {
         ggml_tensor * chosen = ggml_si_select(ctx, act, l.n_static, l.n_select - l.n_static, config_.token_ratio,
                                               config_.by_magnitude);
         ggml_build_forward_expand(gf, ggml_cpy(ctx, chosen, ids));
     }
     return ggml_si_mul_rows_t(ctx, w.ffn_down_t, act, nullptr);
+}
+
+bool NeuronSelection::graph_reusable() const {
+    return phase_ == Phase::by_batch_size || built_prompt_ == (phase_ == Phase::prompt);
 }
 
 std::vector<std::vector<int32_t>> NeuronSelection::selected() const {

@@ -2,9 +2,10 @@
 //
 // Prefill runs dense over the loaded neurons and, in the same graph, selects the prompt's
 // neurons (ggml_si_select) into a per-layer I32 tensor that lives on the layer's device, like
-// the KV cache. Decode steps (one token) then compute only those neurons with the sparse ops:
-// gate and up by ggml_si_mul_rows, the down projection by ggml_si_mul_rows_t. The selection
-// stays fixed for the generation and is redone by the next multi-token prompt.
+// the KV cache. Decode steps then compute only those neurons with the sparse ops: gate and up
+// by ggml_si_mul_rows, the down projection by ggml_si_mul_rows_t. The selection stays fixed for
+// the generation and is redone by the next prompt. When every loaded neuron is computed (dense,
+// or phi = gamma), decode uses the prompt's dense graph and nothing is selected.
 #pragma once
 
 #include <cstdint>
@@ -40,9 +41,18 @@ public:
     void configure(const SelectionConfig & config);
     const SelectionConfig & config() const { return config_; }
 
+    // What the next batches are. By default (programs that do not say, like llama.cpp's tools)
+    // a one-token batch is a decode step and any other batch a prompt; the engine says, so that
+    // a one-token prompt selects too.
+    enum class Phase { by_batch_size, prompt, decode };
+    void set_phase(Phase phase) { phase_ = phase; }
+
     // The FFN output of layer il for input x [n_embd, rows] of a batch of n_ubatch tokens, or
-    // nullptr for a dense layer. A one-token batch is a decode step; any other batch is a prompt.
+    // nullptr for a dense layer.
     ggml_tensor * build_ffn(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il, int64_t n_ubatch) const;
+    // Whether llama.cpp may reuse the last graph it built: not when the phase changed since
+    // (a one-token prompt and a decode step have the same shapes but different graphs).
+    bool graph_reusable() const;
 
     // The neurons (rows of the layer's FFN matrices) each SelectInfer layer computes at decode.
     std::vector<std::vector<int32_t>> selected() const;
@@ -65,6 +75,8 @@ private:
     int n_original_ = 0;          // N: ratios are fractions of the original FFN width
     float load_ratio_ = 0, static_ratio_ = 0, default_phi_ = 0, default_alpha_ = 0;
     SelectionConfig config_;
+    Phase phase_ = Phase::by_batch_size;
+    mutable bool built_prompt_ = false;  // whether the last graph built was a prompt's
     std::vector<Layer> layers_;   // SelectInfer layers only
     std::vector<int> layer_index_;  // il -> index in layers_, -1 for dense layers
     std::unique_ptr<LayerTensors> ids_;  // I32 [n_select] per SelectInfer layer: the selection

@@ -62,72 +62,109 @@ inline f32x16 f16x16(const void * p) {
 }
 #endif
 
-// Adds one 32-column block (index b) of each of nr rows, weighted by v, to a0 (columns 0..15) and a1.
+// Values 16*half .. 16*half+15 of the 32-value block b of a row, as floats (F16 through F16C).
 template <ggml_type T>
-inline void add_block(const char * const * rows, const float * v, int nr, int64_t b, f32x16 & a0, f32x16 & a1) {
-    for (int k = 0; k < nr; ++k) {
-        if constexpr (T == GGML_TYPE_F32) {
-            const float * r = (const float *) rows[k] + 32 * b;
-            a0 += v[k] * load_as<f32x16>(r);
-            a1 += v[k] * load_as<f32x16>(r + 16);
+inline f32x16 block_half(const char * row, int64_t b, int half) {
+    if constexpr (T == GGML_TYPE_F32) {
+        return load_as<f32x16>((const float *) row + 32 * b + 16 * half);
 #if defined(__F16C__)
-        } else if constexpr (T == GGML_TYPE_F16) {
-            const ggml_fp16_t * r = (const ggml_fp16_t *) rows[k] + 32 * b;
-            a0 += v[k] * f16x16(r);
-            a1 += v[k] * f16x16(r + 16);
+    } else if constexpr (T == GGML_TYPE_F16) {
+        return f16x16((const ggml_fp16_t *) row + 32 * b + 16 * half);
 #endif
-        } else if constexpr (T == GGML_TYPE_BF16) {  // bf16 is the top half of an f32
-            const uint16_t * r = (const uint16_t *) rows[k] + 32 * b;
-            a0 += v[k] * (f32x16) (__builtin_convertvector(load_as<u16x16>(r), u32x16) << 16);
-            a1 += v[k] * (f32x16) (__builtin_convertvector(load_as<u16x16>(r + 16), u32x16) << 16);
-        } else if constexpr (T == GGML_TYPE_Q8_0) {  // d, 32 x int8
-            const uint8_t * blk = (const uint8_t *) rows[k] + 34 * b;
-            const f32x16 d = splat(v[k] * fp16(blk));
-            // as unsigned bytes offset by 128: GCC scalarizes the signed 8-bit widening here
-            a0 += d * (to_f32(load_as<u8x16>(blk + 2) ^ 0x80) - 128.0f);
-            a1 += d * (to_f32(load_as<u8x16>(blk + 18) ^ 0x80) - 128.0f);
-        } else if constexpr (T == GGML_TYPE_Q4_0) {  // d, 16 bytes: low nibbles are values 0..15, high 16..31
-            const uint8_t * blk = (const uint8_t *) rows[k] + 18 * b;
-            const f32x16 d = splat(v[k] * fp16(blk));
-            const u8x16 q = load_as<u8x16>(blk + 2);
-            a0 += d * (to_f32(q & 0x0F) - 8.0f);
-            a1 += d * (to_f32(q >> 4) - 8.0f);
-        } else if constexpr (T == GGML_TYPE_Q4_1) {  // d, m, 16 bytes of nibbles
-            const uint8_t * blk = (const uint8_t *) rows[k] + 20 * b;
-            const f32x16 d = splat(v[k] * fp16(blk)), m = splat(v[k] * fp16(blk + 2));
-            const u8x16 q = load_as<u8x16>(blk + 4);
-            a0 += d * to_f32(q & 0x0F) + m;
-            a1 += d * to_f32(q >> 4) + m;
-        }
+    } else if constexpr (T == GGML_TYPE_BF16) {  // bf16 is the top half of an f32
+        const u16x16 r = load_as<u16x16>((const uint16_t *) row + 32 * b + 16 * half);
+        return (f32x16) (__builtin_convertvector(r, u32x16) << 16);
+    } else if constexpr (T == GGML_TYPE_Q8_0) {  // d, 32 x int8
+        // as unsigned bytes offset by 128: GCC scalarizes the signed 8-bit widening here
+        const uint8_t * blk = (const uint8_t *) row + 34 * b;
+        return splat(fp16(blk)) * (to_f32(load_as<u8x16>(blk + 2 + 16 * half) ^ 0x80) - 128.0f);
+    } else if constexpr (T == GGML_TYPE_Q4_0) {  // d, 16 bytes: low nibbles are values 0..15, high 16..31
+        const uint8_t * blk = (const uint8_t *) row + 18 * b;
+        const u8x16 q = load_as<u8x16>(blk + 2);
+        return splat(fp16(blk)) * (to_f32(half ? q >> 4 : q & 0x0F) - 8.0f);
+    } else if constexpr (T == GGML_TYPE_Q4_1) {  // d, m, 16 bytes of nibbles
+        const uint8_t * blk = (const uint8_t *) row + 20 * b;
+        const u8x16 q = load_as<u8x16>(blk + 4);
+        return splat(fp16(blk)) * to_f32(half ? q >> 4 : q & 0x0F) + fp16(blk + 2);
     }
 }
 
+// Adds block b of each of nr rows, weighted by v, to a0 (values 0..15) and a1 (16..31).
 template <ggml_type T>
-void add_rows(const char * const * rows, const float * v, int nr, int64_t E, float * y) {
-    for (int64_t b = 0; b < E / 32; ++b) {
-        f32x16 a0 = load_as<f32x16>(y + 32 * b), a1 = load_as<f32x16>(y + 32 * b + 16);
-        add_block<T>(rows, v, nr, b, a0, a1);
-        std::memcpy(y + 32 * b, &a0, sizeof a0);
-        std::memcpy(y + 32 * b + 16, &a1, sizeof a1);
+inline void add_block(const char * const * rows, const float * v, int nr, int64_t b, f32x16 & a0, f32x16 & a1) {
+    for (int k = 0; k < nr; ++k) {
+        a0 += v[k] * block_half<T>(rows[k], b, 0);
+        a1 += v[k] * block_half<T>(rows[k], b, 1);
+    }
+}
+
+template <ggml_type T> struct AddRows {
+    static void run(const char * const * rows, const float * v, int nr, int64_t E, float * y) {
+        for (int64_t b = 0; b < E / 32; ++b) {
+            f32x16 a0 = load_as<f32x16>(y + 32 * b), a1 = load_as<f32x16>(y + 32 * b + 16);
+            add_block<T>(rows, v, nr, b, a0, a1);
+            std::memcpy(y + 32 * b, &a0, sizeof a0);
+            std::memcpy(y + 32 * b + 16, &a1, sizeof a1);
+        }
+    }
+};
+
+// Whether block_half has a loop for this type on this CPU.
+bool has_block_loop(ggml_type type) {
+    switch (type) {
+        case GGML_TYPE_F32: case GGML_TYPE_BF16: case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1:
+            return true;
+#if defined(__F16C__)
+        case GGML_TYPE_F16:
+            return true;
+#endif
+        default:
+            return false;
+    }
+}
+
+// Runs K<type>::run(args...) for a type that has_block_loop.
+template <template <ggml_type> class K, typename... A> void with_block_type(ggml_type type, A... args) {
+    switch (type) {
+        case GGML_TYPE_F32:  K<GGML_TYPE_F32>::run(args...); break;
+#if defined(__F16C__)
+        case GGML_TYPE_F16:  K<GGML_TYPE_F16>::run(args...); break;
+#endif
+        case GGML_TYPE_BF16: K<GGML_TYPE_BF16>::run(args...); break;
+        case GGML_TYPE_Q8_0: K<GGML_TYPE_Q8_0>::run(args...); break;
+        case GGML_TYPE_Q4_0: K<GGML_TYPE_Q4_0>::run(args...); break;
+        case GGML_TYPE_Q4_1: K<GGML_TYPE_Q4_1>::run(args...); break;
+        default:             GGML_ABORT("no block loop for this type");
     }
 }
 
 // y[0..E) += sum_k v[k] * rows[k][0..E) for nr <= GROUP rows; false when this type (or this E,
 // or this CPU) has no fused loop and the caller converts row by row instead.
 bool add_rows_fused(ggml_type type, const char * const * rows, const float * v, int nr, int64_t E, float * y) {
-    if (E % 32 != 0) return false;
-    switch (type) {
-        case GGML_TYPE_F32:  add_rows<GGML_TYPE_F32>(rows, v, nr, E, y); return true;
-#if defined(__F16C__)
-        case GGML_TYPE_F16:  add_rows<GGML_TYPE_F16>(rows, v, nr, E, y); return true;
-#endif
-        case GGML_TYPE_BF16: add_rows<GGML_TYPE_BF16>(rows, v, nr, E, y); return true;
-        case GGML_TYPE_Q8_0: add_rows<GGML_TYPE_Q8_0>(rows, v, nr, E, y); return true;
-        case GGML_TYPE_Q4_0: add_rows<GGML_TYPE_Q4_0>(rows, v, nr, E, y); return true;
-        case GGML_TYPE_Q4_1: add_rows<GGML_TYPE_Q4_1>(rows, v, nr, E, y); return true;
-        default:             return false;
-    }
+    if (E % 32 != 0 || !has_block_loop(type)) return false;
+    with_block_type<AddRows>(type, rows, v, nr, E, y);
+    return true;
 }
+
+// out[k] = rows[k][0..K) . x[0..K) for nr <= DOT_GROUP rows, four weight streams at a time (as
+// add_rows); x stays F32, unlike ggml's vec_dot, which meets quantized weights with a quantized x.
+constexpr int DOT_GROUP = 4;
+template <ggml_type T> struct DotRows {
+    static void run(const char * const * rows, int nr, const float * x, int64_t K, float * out) {
+        f32x16 acc[DOT_GROUP] = {};
+        for (int64_t b = 0; b < K / 32; ++b) {
+            const f32x16 x0 = load_as<f32x16>(x + 32 * b), x1 = load_as<f32x16>(x + 32 * b + 16);
+            for (int k = 0; k < nr; ++k) {
+                acc[k] += block_half<T>(rows[k], b, 0) * x0 + block_half<T>(rows[k], b, 1) * x1;
+            }
+        }
+        for (int k = 0; k < nr; ++k) {
+            float sum = 0.0f;
+            for (int i = 0; i < 16; ++i) sum += acc[k][i];
+            out[k] = sum;
+        }
+    }
+};
 
 // The first cache lines of a row read next: a jump to a non-adjacent row otherwise starts with
 // demand misses until the hardware prefetcher catches up.
@@ -149,6 +186,25 @@ void rows_to_float(const ggml_tensor * w, const ggml_tensor * ids, int64_t j0, i
             case GGML_TYPE_BF16: ggml_cpu_bf16_to_fp32((const ggml_bf16_t *) row, o, width); break;
             default:             to_float(row, o, width); break;
         }
+    }
+}
+
+// One token (decode), gate and up: rows DOT_GROUP at a time, groups dealt out to threads in turn
+// (the static rows come first and are contiguous, the dynamic ones scattered and slower to read).
+void mul_rows_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
+    const ggml_tensor * w = dst->src[0];
+    const ggml_tensor * ids = dst->src[2];
+    const float * x = (const float *) dst->src[1]->data;
+    const int64_t n = dst->ne[0], K = w->ne[0];
+    const int ith = params->ith, nth = params->nth;
+    for (int64_t j = ith * DOT_GROUP; j < n; j += nth * DOT_GROUP) {
+        const int nr = (int) std::min<int64_t>(DOT_GROUP, n - j);
+        const char * rows[DOT_GROUP];
+        for (int k = 0; k < nr; ++k) rows[k] = (const char *) w->data + row_of(ids, j + k) * w->nb[1];
+        for (int64_t k = j + nth * DOT_GROUP; k < std::min(n, j + (nth + 1) * DOT_GROUP); ++k) {
+            prefetch_row_start((const char *) w->data + row_of(ids, k) * w->nb[1], w->nb[1]);
+        }
+        with_block_type<DotRows>(w->type, (const char * const *) rows, nr, x, K, (float *) dst->data + j);
     }
 }
 
@@ -320,6 +376,13 @@ void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params,
     const size_t x_row = ggml_row_size(vdt, K);
     const int ith = params->ith, nth = params->nth;
 
+    // float weights: the fused loop (several rows in flight); quantized ones: ggml's vec_dot
+    // with a quantized x (integer dot products) is faster than converting the weights
+    const bool float_weights = w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16;
+    if (T == 1 && K % 32 == 0 && float_weights && has_block_loop(w->type)) {
+        mul_rows_one_token(params, dst);
+        return;
+    }
     // the activation, converted once to the type the weight's dot product wants
     const char * xq = (const char *) x->data;
     if (x->type != vdt) {
@@ -331,17 +394,14 @@ void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params,
         ggml_barrier(params->threadpool);
         xq = wdata;
     }
-    // rows in chunks dealt out in turn: the static rows come first and are contiguous, the
-    // dynamic ones scattered (slower to read), so contiguous halves would leave a thread waiting
+    // rows in chunks dealt out to threads in turn (see mul_rows_one_token)
     const int64_t chunk = 16;
     for (int64_t c0 = ith * chunk; c0 < n; c0 += nth * chunk) {
         const int64_t c1 = std::min(n, c0 + chunk);
-        if (c0 + nth * chunk < n) {
-            prefetch_row_start((const char *) w->data + row_of(ids, c0 + nth * chunk) * w->nb[1], w->nb[1]);
-        }
         for (int64_t j = c0; j < c1; ++j) {
             const char * row = (const char *) w->data + row_of(ids, j) * w->nb[1];
-            if (j + 1 < c1) prefetch_row_start((const char *) w->data + row_of(ids, j + 1) * w->nb[1], w->nb[1]);
+            const int64_t next = j + 1 < c1 ? j + 1 : c0 + nth * chunk;
+            if (next < n) prefetch_row_start((const char *) w->data + row_of(ids, next) * w->nb[1], w->nb[1]);
             for (int64_t t = 0; t < T; ++t) {
                 float * out = (float *) ((char *) dst->data + t * dst->nb[1]) + j;
                 traits->vec_dot((int) K, out, 0, row, 0, xq + t * x_row, 0, 1);

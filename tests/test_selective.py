@@ -104,6 +104,39 @@ def test_selection_and_decode_match_reference(si_model, phi, alpha, select_by):
     assert np.abs(logits - expected_logits).max() < 2e-3 * np.abs(expected_logits).max()
 
 
+def clear_prompt(ref, candidates, alpha):
+    """The first candidate prompt without float-level near-ties at a top-k boundary, and its activations."""
+    for prompt in candidates:
+        _, acts = forward_with_masks(ref, prompt, len(prompt), {}, set())
+        acts = {il: a for il, a in acts.items() if il in (1, 2)}
+        if top_k_margin(acts, alpha, False) > 2e-5:
+            return prompt, acts
+    pytest.fail("every candidate prompt has a near-tie at a top-k boundary")
+
+
+def test_every_prompt_selects_over_all_its_tokens(si_model):
+    """A one-token prompt selects (it is not a decode step), and a prompt that extends the cached
+    one selects over all its tokens, not only the new ones."""
+    ref = ReferenceModel.load(si_model)
+    n_static, n_select = round(0.25 * 256), round(0.5 * 256)
+    with Model(si_model, n_ctx=128, compute_ratio=0.5, token_ratio=0.5) as m:
+        long_prompt, long_acts = clear_prompt(ref, [m.tokenize(p) for p in PROMPTS], 0.5)
+        one_token, one_acts = clear_prompt(ref, [[t] for t in long_prompt], 0.5)
+        for prompt, acts in [(long_prompt, long_acts), (one_token, one_acts), (long_prompt, long_acts)]:
+            decode(m, prompt, 2)
+            for il, ids in m.selected_neurons().items():
+                expected = reference_select(acts[il], n_static, n_select - n_static, 0.5, False)
+                assert ids.tolist() == expected, f"layer {il}, prompt of {len(prompt)} tokens"
+        extended = long_prompt + [long_prompt[0]]  # the cached prompt plus one token
+        _, ext_acts = forward_with_masks(ref, extended, len(extended), {}, set())
+        decode(m, long_prompt, 1)
+        decode(m, extended, 1)
+        for il, ids in m.selected_neurons().items():
+            if top_k_margin({il: ext_acts[il]}, 0.5, False) > 2e-5:
+                expected = reference_select(ext_acts[il], n_static, n_select - n_static, 0.5, False)
+                assert ids.tolist() == expected, f"layer {il}, extended prompt"
+
+
 def test_full_compute_ratio_equals_dense_over_loaded(si_model):
     with Model(si_model, n_ctx=128, compute_ratio=0.75) as sel, Model(si_model, n_ctx=128, dense=True) as dense:
         prompt = sel.tokenize(PROMPT)

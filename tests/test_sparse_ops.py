@@ -61,11 +61,16 @@ def test_mul_rows(type_name, n_tokens, n_threads):
 @pytest.mark.parametrize("n_tokens", [1, 5, 70])
 @pytest.mark.parametrize("n_threads", [1, 4])
 @pytest.mark.parametrize("with_ids", [True, False])
-def test_mul_rows_t(type_name, n_tokens, n_threads, with_ids):
-    rows, cols = 41, 3 * BLOCK[type_name] if BLOCK[type_name] > 1 else 77  # odd sizes; blocks of the type
-    w, w_values = weights(type_name, rows, cols, seed=3)
+@pytest.mark.parametrize("size", ["odd", "large"])
+def test_mul_rows_t(type_name, n_tokens, n_threads, with_ids, size):
     rng = np.random.default_rng(4)
-    ids = np.array([40, 3, 3, 19, 0, 7, 28], dtype=np.int32) if with_ids else np.arange(rows - 4, dtype=np.int32)
+    if size == "odd":  # odd sizes (whole blocks of the type): the kernels' leftover paths
+        rows, cols = 41, 3 * BLOCK[type_name] if BLOCK[type_name] > 1 else 77
+        ids = np.array([40, 3, 3, 19, 0, 7, 28], dtype=np.int32) if with_ids else np.arange(rows - 4, dtype=np.int32)
+    else:  # several row groups, weight panels and column tiles: the vectorised paths
+        rows, cols = 300, max(2 * BLOCK[type_name], 320 if BLOCK[type_name] == 1 else 128)
+        ids = rng.permutation(rows)[:203].astype(np.int32) if with_ids else np.arange(rows - 3, dtype=np.int32)
+    w, w_values = weights(type_name, rows, cols, seed=3)
     h = rng.standard_normal((n_tokens, len(ids))).astype(np.float32)
     h[:, 1] = 0.0  # zero activations are skipped by the kernel: still correct
     inputs = [w, f32(h)] + ([i32(ids)] if with_ids else [])

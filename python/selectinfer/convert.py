@@ -84,12 +84,31 @@ def check_ratios(load_ratio: float, static_ratio: float) -> None:
         raise ConvertError(f"static ratio (delta {static_ratio}) cannot exceed the load ratio (gamma {load_ratio})")
 
 
+# Loaded neurons per layer come in whole groups of NEURON_GROUP in layers of at least 32 groups:
+# upstream's tiled matmul (llamafile sgemm), which computes gate and up over the loaded neurons
+# in a prompt, takes its fast path only for row counts in multiples of 16 (2.5x slower otherwise,
+# scripts/bench_ffn.py). gamma moves by at most NEURON_GROUP / 2 neurons.
+NEURON_GROUP = 32
+
+
+def neuron_step(n_ff: int) -> int:
+    """The unit of a layer's loaded neuron count: a group in large layers, else one neuron."""
+    return NEURON_GROUP if n_ff >= 32 * NEURON_GROUP and n_ff % NEURON_GROUP == 0 else 1
+
+
+def load_count(load_ratio: float, n_ff: int) -> int:
+    """Neurons a layer of n_ff keeps at load ratio gamma."""
+    step = neuron_step(n_ff)
+    return round(load_ratio * n_ff / step) * step
+
+
 def plan_layers(n_ff: int, layers: range, load_ratio: float, static_ratio: float, *,
                 profile: Profile | None = None, task: str | None = None, seed: int = 0) -> dict[int, LayerPlan]:
     """Which neurons each sparsified layer keeps. With a profile: static from the task's base
     ranking, secondary from the model-wide ranking; without one: a seeded random choice."""
     check_ratios(load_ratio, static_ratio)
-    n_load, n_static = round(load_ratio * n_ff), round(static_ratio * n_ff)
+    n_load = load_count(load_ratio, n_ff)
+    n_static = min(round(static_ratio * n_ff), n_load)
     if n_load < 1:
         raise ConvertError(f"load ratio {load_ratio} keeps no neuron of {n_ff}")
     plans = {}
@@ -218,19 +237,21 @@ def parse_size(text: str) -> int:
 
 
 def fit_load_ratio(src: SourceGGUF, layers: range, n_ff: int, static_ratio: float, budget_bytes: int) -> float:
-    """The largest gamma (in steps of one neuron) whose converted weights fit budget_bytes."""
-    lo, hi = max(1, round(static_ratio * n_ff)), n_ff
-    need = estimate_output_bytes(src, layers, lo)
+    """The largest gamma (in steps of one neuron, or of a group of them, see load_count) whose
+    converted weights fit budget_bytes."""
+    step = neuron_step(n_ff)
+    lo, hi = -(-max(1, round(static_ratio * n_ff)) // step), n_ff // step  # in steps
+    need = estimate_output_bytes(src, layers, lo * step)
     if need > budget_bytes:
         raise ConvertError(f"the budget of {budget_bytes / 2**20:.1f} MiB is too small: even gamma = delta "
                            f"({static_ratio}) needs {need / 2**20:.1f} MiB; lower --static-ratio or sparsify more layers")
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if estimate_output_bytes(src, layers, mid) <= budget_bytes:
+        if estimate_output_bytes(src, layers, mid * step) <= budget_bytes:
             lo = mid
         else:
             hi = mid - 1
-    return lo / n_ff
+    return lo * step / n_ff
 
 
 class _Sha256InBackground(threading.Thread):
@@ -304,7 +325,7 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
         ("selectinfer.seed", "u32", seed),
         ("selectinfer.load_ratio", "f32", float(load_ratio)),
         ("selectinfer.static_ratio", "f32", float(static_ratio)),
-        ("selectinfer.static_count", "u32", round(static_ratio * n_ff)),  # per sparsified layer
+        ("selectinfer.static_count", "u32", next(iter(plans.values())).n_static),  # per sparsified layer
         ("selectinfer.compute_ratio", "f32", float(min(load_ratio, max(static_ratio, DEFAULT_COMPUTE_RATIO)))),
         ("selectinfer.token_ratio", "f32", DEFAULT_TOKEN_RATIO),
         ("selectinfer.original_feed_forward_length", "u32", n_ff),
