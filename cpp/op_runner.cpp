@@ -65,11 +65,13 @@ void fill_random(ggml_tensor * t, std::mt19937 & rng) {
     }
 }
 
-double time_graph_ms(ggml_context * ctx, const std::vector<ggml_tensor *> & outs, int n_threads) {
-    ggml_cgraph * gf = ggml_new_graph(ctx);
-    for (ggml_tensor * out : outs) ggml_build_forward_expand(gf, out);
+// One run of a built graph, with a work buffer kept between runs (no allocation in ctx).
+double time_graph_ms(ggml_cgraph * gf, int n_threads, std::vector<uint8_t> & work) {
+    ggml_cplan plan = ggml_graph_plan(gf, n_threads, nullptr);
+    if (work.size() < plan.work_size) work.resize(plan.work_size);
+    plan.work_data = work.data();
     const auto t0 = std::chrono::steady_clock::now();
-    if (ggml_graph_compute_with_ctx(ctx, gf, n_threads) != GGML_STATUS_SUCCESS) {
+    if (ggml_graph_compute(gf, &plan) != GGML_STATUS_SUCCESS) {
         throw std::runtime_error("graph compute failed");
     }
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -85,7 +87,8 @@ std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type
     }
     const auto wt = (ggml_type) type;
     const size_t weights = ggml_row_size(wt, n_embd) * (3 * n_ff + 3 * n_load);
-    const size_t acts = (size_t) n_tokens * (n_embd + n_ff) * 4 * sizeof(float) * 8;
+    // inputs, leaves and every step's outputs, with room to spare (graphs: 64 MiB below)
+    const size_t acts = (size_t) n_tokens * (8 * n_embd + 4 * (n_ff + n_load + n_select)) * sizeof(float) * 2;
     ggml_init_params params = {weights + acts + 64 * 1024 * 1024, nullptr, false};
     std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx(ggml_init(params), ggml_free);
     ggml_context * c = ctx.get();
@@ -135,11 +138,16 @@ std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type
         steps.push_back({"selection", {ggml_si_select(c, leaf(n_load), n_static, (int) n_select - n_static, 0.2f, false)}});
     }
     std::vector<std::pair<std::string, std::vector<double>>> times;
-    for (const auto & step : steps) times.push_back({step.first, {}});
-    for (int r = 0; r < n_reps; ++r) {  // interleaved, so that machine noise hits every variant alike
-        for (size_t v = 0; v < steps.size(); ++v) {
-            times[v].second.push_back(time_graph_ms(c, steps[v].second, n_threads));
-        }
+    std::vector<ggml_cgraph *> graphs;
+    for (const auto & step : steps) {
+        ggml_cgraph * gf = ggml_new_graph(c);
+        for (ggml_tensor * out : step.second) ggml_build_forward_expand(gf, out);
+        graphs.push_back(gf);
+        times.push_back({step.first, {}});
+    }
+    std::vector<uint8_t> work;
+    for (int r = 0; r < n_reps; ++r) {  // interleaved, so that machine noise hits every step alike
+        for (size_t v = 0; v < steps.size(); ++v) times[v].second.push_back(time_graph_ms(graphs[v], n_threads, work));
     }
     return times;
 }

@@ -1,6 +1,7 @@
 // CPU kernels of selectinfer's ops (compiled into ggml-cpu).
-//   mul_rows    gathers rows and uses ggml's own vec_dot for the weight type (the activation is
-//               converted once to the type's vec_dot_type), like upstream's mul_mat.
+//   mul_rows    one token, float weights: eight rows at a time with loops converting in
+//               registers; otherwise ggml's own vec_dot for the weight type, row by row (the
+//               activation converted once to the type's vec_dot_type), like upstream's mul_mat.
 //   mul_rows_t  one token: adds rows eight at a time with per-type loops that convert in
 //               registers (GCC vector extensions; F16 through F16C), other types row by row;
 //               several tokens: a blocked GEMM over F32 panels of the weight.
@@ -146,12 +147,11 @@ bool add_rows_fused(ggml_type type, const char * const * rows, const float * v, 
     return true;
 }
 
-// out[k] = rows[k][0..K) . x[0..K) for nr <= DOT_GROUP rows, four weight streams at a time (as
-// add_rows); x stays F32, unlike ggml's vec_dot, which meets quantized weights with a quantized x.
-constexpr int DOT_GROUP = 4;
+// out[k] = rows[k][0..K) . x[0..K) for nr <= GROUP rows, GROUP weight streams at a time (as
+// add_rows: one row at a time reaches 2/3 of the bandwidth once the weights are not in cache).
 template <ggml_type T> struct DotRows {
     static void run(const char * const * rows, int nr, const float * x, int64_t K, float * out) {
-        f32x16 acc[DOT_GROUP] = {};
+        f32x16 acc[GROUP] = {};
         for (int64_t b = 0; b < K / 32; ++b) {
             const f32x16 x0 = load_as<f32x16>(x + 32 * b), x1 = load_as<f32x16>(x + 32 * b + 16);
             for (int k = 0; k < nr; ++k) {
@@ -189,7 +189,7 @@ void rows_to_float(const ggml_tensor * w, const ggml_tensor * ids, int64_t j0, i
     }
 }
 
-// One token (decode), gate and up: rows DOT_GROUP at a time, groups dealt out to threads in turn
+// One token (decode), gate and up: rows GROUP at a time, groups dealt out to threads in turn
 // (the static rows come first and are contiguous, the dynamic ones scattered and slower to read).
 void mul_rows_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
     const ggml_tensor * w = dst->src[0];
@@ -197,11 +197,11 @@ void mul_rows_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
     const float * x = (const float *) dst->src[1]->data;
     const int64_t n = dst->ne[0], K = w->ne[0];
     const int ith = params->ith, nth = params->nth;
-    for (int64_t j = ith * DOT_GROUP; j < n; j += nth * DOT_GROUP) {
-        const int nr = (int) std::min<int64_t>(DOT_GROUP, n - j);
-        const char * rows[DOT_GROUP];
+    for (int64_t j = ith * GROUP; j < n; j += nth * GROUP) {
+        const int nr = (int) std::min<int64_t>(GROUP, n - j);
+        const char * rows[GROUP];
         for (int k = 0; k < nr; ++k) rows[k] = (const char *) w->data + row_of(ids, j + k) * w->nb[1];
-        for (int64_t k = j + nth * DOT_GROUP; k < std::min(n, j + (nth + 1) * DOT_GROUP); ++k) {
+        for (int64_t k = j + nth * GROUP; k < std::min(n, j + (nth + 1) * GROUP); ++k) {
             prefetch_row_start((const char *) w->data + row_of(ids, k) * w->nb[1], w->nb[1]);
         }
         with_block_type<DotRows>(w->type, (const char * const *) rows, nr, x, K, (float *) dst->data + j);
@@ -394,7 +394,8 @@ void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params,
         ggml_barrier(params->threadpool);
         xq = wdata;
     }
-    // rows in chunks dealt out to threads in turn (see mul_rows_one_token)
+    // rows in chunks dealt out to threads in turn: the static rows come first and are contiguous,
+    // the dynamic ones scattered (slower to read), so contiguous halves would leave a thread waiting
     const int64_t chunk = 16;
     for (int64_t c0 = ith * chunk; c0 < n; c0 += nth * chunk) {
         const int64_t c1 = std::min(n, c0 + chunk);

@@ -12,6 +12,7 @@ import argparse
 import statistics
 
 from selectinfer import _native
+from selectinfer.convert import load_count
 from selectinfer.synthetic import SHAPES
 
 TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14, "BF16": 30}
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     n_embd, n_ff = SHAPES_AND_DEFAULT[args.shape]
-    n_load = round(args.load_ratio * n_ff)
+    n_load = load_count(args.load_ratio, n_ff)  # as the converter keeps them
     print(f"{args.shape} FFN layer: n_embd {n_embd}, n_ff {n_ff}, {args.type}, gamma {args.load_ratio} "
           f"({n_load} loaded), {args.threads} threads, medians of {args.reps} interleaved runs, ms")
     if 1 in args.tokens:
