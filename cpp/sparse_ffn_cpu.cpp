@@ -5,7 +5,7 @@
 //   mul_rows_t  one token: adds rows eight at a time with per-type loops that convert in
 //               registers (GCC vector extensions; F16 through F16C), other types row by row;
 //               several tokens: a blocked GEMM over F32 panels of the weight.
-//   select      the prompt's neuron selection, one thread.
+//   select      the prompt's neuron selection: threads rank tokens in turn, one merges the counts.
 #include "sparse_ffn_ops.h"
 
 #include "ggml-cpu-impl.h"
@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -359,8 +360,8 @@ size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks) {
             return (size_t) n_tasks * std::max<int64_t>(2 * (E + 64), panel) * sizeof(float);
         }
         case GGML_OP_SI_SELECT:
-            // per neuron: a value, an index and a count
-            return (size_t) node->src[0]->ne[0] * (sizeof(float) + 2 * sizeof(int32_t)) + 64;
+            // per thread: a positives count, and per neuron a value, an index and a count
+            return (size_t) n_tasks * (sizeof(int64_t) + node->src[0]->ne[0] * 3 * sizeof(int32_t)) + 64;
         default:
             return 0;
     }
@@ -420,36 +421,56 @@ void ggml_si_compute_forward_mul_rows_t(const struct ggml_compute_params * param
 }
 
 void ggml_si_compute_forward_select(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
-    if (params->ith != 0) {
-        return;  // small and sequential: one thread
-    }
     const ggml_tensor * act = dst->src[0];
     const int32_t n_static = ggml_get_op_params_i32(dst, 0);
     const int32_t n_dynamic = ggml_get_op_params_i32(dst, 1);
     const float alpha = ggml_get_op_params_f32(dst, 2);
     const bool by_magnitude = ggml_get_op_params_i32(dst, 3) != 0;
     const int64_t n_load = act->ne[0], T = act->ne[1];
+    const int ith = params->ith, nth = params->nth;
+    auto token = [act](int64_t t) { return (const float *) ((const char *) act->data + t * act->nb[1]); };
 
-    float * value = (float *) params->wdata;
+    // per thread: positives seen, then a value, an index and a count per neuron
+    int64_t * positives = (int64_t *) params->wdata;
+    char * mine = (char *) params->wdata + nth * sizeof(int64_t) + ith * n_load * 3 * sizeof(int32_t);
+    float * value = (float *) mine;
     int32_t * order = (int32_t *) (value + n_load);
     int32_t * count = order + n_load;
 
-    // k = round(alpha * mean number of positive activations per token)
-    int64_t positives = 0;
-    for (int64_t t = 0; t < T; ++t) {
-        const float * a = (const float *) ((const char *) act->data + t * act->nb[1]);
-        for (int64_t i = 0; i < n_load; ++i) positives += a[i] > 0.0f;
+    // k = round(alpha * mean number of positive activations per token); threads take tokens in turn
+    positives[ith] = 0;
+    for (int64_t t = ith; t < T; t += nth) {
+        for (int64_t i = 0; i < n_load; ++i) positives[ith] += token(t)[i] > 0.0f;
     }
-    const int64_t k = std::min<int64_t>(n_load, std::llround(alpha * (double) positives / (double) T));
+    ggml_barrier(params->threadpool);
+    int64_t all_positives = 0;
+    for (int i = 0; i < nth; ++i) all_positives += positives[i];
+    const int64_t k = std::min<int64_t>(n_load, std::llround(alpha * (double) all_positives / (double) T));
 
+    // a token's top k: the k-th largest value by nth_element on a copy, then every neuron above
+    // it and, among those equal to it, the lower rows until k are counted
     std::fill(count, count + n_load, 0);
-    for (int64_t t = 0; t < T && k > 0; ++t) {
-        const float * a = (const float *) ((const char *) act->data + t * act->nb[1]);
+    float * scratch = (float *) order;
+    for (int64_t t = ith; t < T && k > 0; t += nth) {
+        const float * a = token(t);
         for (int64_t i = 0; i < n_load; ++i) value[i] = by_magnitude ? std::fabs(a[i]) : a[i];
-        std::iota(order, order + n_load, 0);
-        auto higher = [value](int32_t x, int32_t y) { return value[x] > value[y] || (value[x] == value[y] && x < y); };
-        std::nth_element(order, order + (k - 1), order + n_load, higher);
-        for (int64_t r = 0; r < k; ++r) count[order[r]] += 1;
+        std::copy(value, value + n_load, scratch);
+        std::nth_element(scratch, scratch + (k - 1), scratch + n_load, std::greater<float>());
+        const float kth = scratch[k - 1];
+        int64_t ties = k;
+        for (int64_t i = 0; i < n_load; ++i) ties -= value[i] > kth;
+        for (int64_t i = 0; i < n_load; ++i) {
+            if (value[i] > kth || (value[i] == kth && ties-- > 0)) count[i] += 1;
+        }
+    }
+    ggml_barrier(params->threadpool);
+    if (ith != 0) {
+        return;
+    }
+    for (int i = 1; i < nth; ++i) {
+        const int32_t * theirs = (const int32_t *) ((const char *) params->wdata + nth * sizeof(int64_t) +
+                                                    i * n_load * 3 * sizeof(int32_t)) + 2 * n_load;
+        for (int64_t j = 0; j < n_load; ++j) count[j] += theirs[j];
     }
     // the n_dynamic most frequent non-static neurons; ties to the lower row
     const int64_t n_candidates = n_load - n_static;

@@ -96,13 +96,14 @@ def reference_select(act, n_static, n_dynamic, alpha, by_magnitude):
 @pytest.mark.parametrize("by_magnitude", [False, True])
 @pytest.mark.parametrize("n_tokens", [1, 9])
 @pytest.mark.parametrize("alpha", [0.2, 0.5, 1.0])
-def test_select_matches_reference(by_magnitude, n_tokens, alpha):
+@pytest.mark.parametrize("n_threads", [1, 3])  # threads rank tokens in turn, then counts merge
+def test_select_matches_reference(by_magnitude, n_tokens, alpha, n_threads):
     rng = np.random.default_rng(5)
     n_load, n_static, n_dynamic = 53, 11, 17
     act = rng.standard_normal((n_tokens, n_load)).astype(np.float32)
     act[:, 20:23] = act[:, 20:21]  # ties in value
-    got = np.frombuffer(_native.run_sparse_op("select", [f32(act)], 2, n_static, n_dynamic, alpha, by_magnitude),
-                        dtype=np.int32)
+    got = np.frombuffer(_native.run_sparse_op("select", [f32(act)], n_threads, n_static, n_dynamic, alpha,
+                                              by_magnitude), dtype=np.int32)
     assert got.tolist() == reference_select(act, n_static, n_dynamic, alpha, by_magnitude)
 
 
