@@ -91,7 +91,7 @@ PYBIND11_MODULE(_native, m) {
     m.def("time_ffn_layer", &time_ffn_layer, py::arg("type"), py::arg("n_embd"), py::arg("n_ff"), py::arg("n_load"),
           py::arg("n_select"), py::arg("n_tokens"), py::arg("n_threads"), py::arg("n_reps"),
           py::call_guard<py::gil_scoped_release>(),
-          "times one FFN layer with random weights: {'dense'|'loaded'|'selected': [ms per run]}");
+          "times one FFN layer's steps with random weights: [(step, [ms per run])] (op_runner.h)");
     m.def("row_bytes", &row_bytes, py::arg("type"), py::arg("n_per_row"));
     m.def("quantize_rows",
           [](int type, py::array_t<float, py::array::c_style | py::array::forcecast> rows) {
@@ -134,6 +134,7 @@ PYBIND11_MODULE(_native, m) {
         .def_readwrite("token_ratio", &ModelParams::token_ratio)
         .def_readwrite("select_by_magnitude", &ModelParams::select_by_magnitude)
         .def_readwrite("dense", &ModelParams::dense)
+        .def_readwrite("coreinfer", &ModelParams::coreinfer)
         .def_readwrite("verbose", &ModelParams::verbose);
 
     py::class_<SamplingParams>(m, "SamplingParams")
@@ -216,6 +217,7 @@ PYBIND11_MODULE(_native, m) {
             d["token_ratio"] = c.token_ratio;
             d["select_by"] = c.by_magnitude ? "magnitude" : "value";
             d["dense"] = c.dense;
+            d["coreinfer"] = c.coreinfer;
             return d;
         })
         .def("activation_sums",

@@ -49,6 +49,7 @@ const char * kUsage =
     "        --token-ratio ALPHA   SelectInfer: per-token top-k fraction for the selection (0, 1]\n"
     "        --select-by value|magnitude  SelectInfer: rank a token's neurons by a or |a|\n"
     "        --dense-ffn           SelectInfer: compute every loaded neuron (no selection)\n"
+    "        --coreinfer           SelectInfer: CoreInfer mode, no static neurons (use a gamma 1, delta 0 file)\n"
     "        --no-mmap             read the weights into memory instead of mapping the file\n"
     "  -v,   --verbose             show llama.cpp's log\n"
     "  -h,   --help                show this help\n";
@@ -112,6 +113,7 @@ CliArgs parse_args(int argc, char ** argv) {
             args.model.select_by_magnitude = v == "magnitude";
         }
         else if (a == "--dense-ffn") args.model.dense = true;
+        else if (a == "--coreinfer") args.model.coreinfer = true;
         else if (a == "--no-mmap") args.model.use_mmap = false;
         else if (a == "-v" || a == "--verbose") args.model.verbose = true;
         else if (a == "-h" || a == "--help") args.show_help = true;

@@ -240,7 +240,7 @@ Engine::Engine(const ModelParams & params) : params_(params) {
 void Engine::configure_hooks() {
     ContextHooks & hooks = context_hooks(ctx_);
     const bool selection_asked = params_.compute_ratio >= 0 || params_.token_ratio >= 0 ||
-                                 params_.select_by_magnitude || params_.dense;
+                                 params_.select_by_magnitude || params_.dense || params_.coreinfer;
     if (selection_asked && !hooks.selection) {
         throw std::invalid_argument("selective computation options need a SelectInfer GGUF (selectinfer convert); " +
                                     params_.path + " is a dense model");
@@ -251,6 +251,7 @@ void Engine::configure_hooks() {
         if (params_.token_ratio >= 0) cfg.token_ratio = params_.token_ratio;
         cfg.by_magnitude = cfg.by_magnitude || params_.select_by_magnitude;
         cfg.dense = cfg.dense || params_.dense;
+        cfg.coreinfer = cfg.coreinfer || params_.coreinfer;
         hooks.selection->configure(cfg);
         all_outputs_ = hooks.selection->sparsifies_last_layer();
     }

@@ -43,6 +43,7 @@ struct ModelParams {
     float    token_ratio   = -1;  // alpha
     bool     select_by_magnitude = false;
     bool     dense         = false; // compute every loaded neuron
+    bool     coreinfer     = false; // no static neurons: the prompt chooses every computed one
 };
 
 struct SamplingParams {

@@ -6,6 +6,7 @@
 #include "llama-model.h"
 #include "sparse_ffn_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -34,6 +35,11 @@ float env_float(const char * name, float fallback) {
     return v && *v ? std::strtof(v, nullptr) : fallback;
 }
 
+bool env_flag(const char * name) {
+    const char * v = std::getenv(name);
+    return v && *v && std::strcmp(v, "0") != 0;
+}
+
 }  // namespace
 
 std::unique_ptr<NeuronSelection> NeuronSelection::for_model(const llama_model * model) {
@@ -46,8 +52,8 @@ std::unique_ptr<NeuronSelection> NeuronSelection::for_model(const llama_model * 
     cfg.token_ratio   = env_float("SELECTINFER_TOKEN_RATIO", -1);
     const char * by = std::getenv("SELECTINFER_SELECT_BY");
     cfg.by_magnitude  = by && std::strcmp(by, "magnitude") == 0;
-    const char * dense = std::getenv("SELECTINFER_DENSE");
-    cfg.dense         = dense && *dense && std::strcmp(dense, "0") != 0;
+    cfg.dense         = env_flag("SELECTINFER_DENSE");
+    cfg.coreinfer     = env_flag("SELECTINFER_COREINFER");
     s->configure(cfg);
     return s;
 }
@@ -84,10 +90,12 @@ void NeuronSelection::configure(const SelectionConfig & requested) {
     if (cfg.compute_ratio < 0) cfg.compute_ratio = default_phi_;
     if (cfg.token_ratio < 0) cfg.token_ratio = default_alpha_;
     const float eps = 0.5f / std::max(1, n_original_);
-    if (cfg.compute_ratio + eps < static_ratio_ || cfg.compute_ratio > load_ratio_ + eps) {
+    const float lowest = cfg.coreinfer ? eps : static_ratio_;  // CoreInfer keeps no static neuron
+    if (cfg.compute_ratio + eps < lowest || cfg.compute_ratio > load_ratio_ + eps) {
         std::ostringstream msg;
-        msg << "compute ratio (phi) " << cfg.compute_ratio << " must lie between the file's static ratio (delta) "
-            << static_ratio_ << " and load ratio (gamma) " << load_ratio_;
+        msg << "compute ratio (phi) " << cfg.compute_ratio << " must lie between "
+            << (cfg.coreinfer ? "0 (CoreInfer mode)" : "the file's static ratio (delta) " + std::to_string(static_ratio_))
+            << " and the load ratio (gamma) " << load_ratio_;
         throw std::invalid_argument(msg.str());
     }
     if (!(cfg.token_ratio > 0 && cfg.token_ratio <= 1)) {
@@ -97,7 +105,7 @@ void NeuronSelection::configure(const SelectionConfig & requested) {
     }
     config_ = cfg;
     for (Layer & l : layers_) {
-        l.n_select = std::max(l.n_static, std::min(l.n_load, (int) std::lround(cfg.compute_ratio * n_original_)));
+        l.n_select = std::max({1, kept_static(l), std::min(l.n_load, (int) std::lround(cfg.compute_ratio * n_original_))});
     }
     allocate();
 }
@@ -139,8 +147,8 @@ ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, g
     // dense over the loaded neurons; a prompt selects its neurons in the same graph
     ggml_tensor * act = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, w.ffn_gate, x), ggml_mul_mat(ctx, w.ffn_up, x));
     if (prompt && !all_loaded) {
-        ggml_tensor * chosen = ggml_si_select(ctx, act, l.n_static, l.n_select - l.n_static, config_.token_ratio,
-                                              config_.by_magnitude);
+        ggml_tensor * chosen = ggml_si_select(ctx, act, kept_static(l), l.n_select - kept_static(l),
+                                              config_.token_ratio, config_.by_magnitude);
         ggml_build_forward_expand(gf, ggml_cpy(ctx, chosen, ids));
     }
     return ggml_si_mul_rows_t(ctx, w.ffn_down_t, act, nullptr);

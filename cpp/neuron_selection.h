@@ -27,13 +27,16 @@ struct SelectionConfig {
     float token_ratio   = -1;    // alpha, k = round(alpha * mean positive activations); < 0: file default
     bool  by_magnitude  = false; // rank a token's neurons by |a| instead of a
     bool  dense         = false; // compute every loaded neuron (no selection)
+    bool  coreinfer     = false; // CoreInfer: no static neurons, the prompt chooses all phi N (0 < phi <= gamma);
+                                 // the method itself with a gamma = 1, delta = 0 file
 };
 
 class NeuronSelection {
 public:
     // nullptr for a model without SelectInfer layers. Reads SELECTINFER_COMPUTE_RATIO,
-    // SELECTINFER_TOKEN_RATIO, SELECTINFER_SELECT_BY (value|magnitude) and SELECTINFER_DENSE
-    // from the environment, so that any program using libllama can set them.
+    // SELECTINFER_TOKEN_RATIO, SELECTINFER_SELECT_BY (value|magnitude), SELECTINFER_DENSE and
+    // SELECTINFER_COREINFER from the environment, so that any program using libllama
+    // (llama-bench, llama-perplexity, llama-server) can set them.
     static std::unique_ptr<NeuronSelection> for_model(const llama_model * model);
 
     // Validates and applies a configuration (call before the first decode); throws
@@ -65,9 +68,10 @@ private:
     struct Layer {
         int il = -1;
         int n_load = 0;
-        int n_static = 0;
+        int n_static = 0;  // the file's; the selection keeps them unless in CoreInfer mode
         int n_select = 0;
     };
+    int kept_static(const Layer & l) const { return config_.coreinfer ? 0 : l.n_static; }
     explicit NeuronSelection(const llama_model * model);
     void allocate();
 

@@ -137,6 +137,45 @@ def test_every_prompt_selects_over_all_its_tokens(si_model):
                 assert ids.tolist() == expected, f"layer {il}, extended prompt"
 
 
+def test_scoring_after_a_prompt_uses_the_selection(si_model):
+    """token_logprobs(n_prompt=...) scores each later token as a decode step with the prompt's neurons."""
+    ref = ReferenceModel.load(si_model)
+    with Model(si_model, n_ctx=128, compute_ratio=0.5) as m:
+        tokens = m.tokenize(PROMPT)
+        n_prompt = 5
+        _, got = m.token_logprobs(tokens, n_prompt=n_prompt)
+        selected = m.selected_neurons()
+        with pytest.raises(ValueError, match="n_prompt"):
+            m.token_logprobs(tokens, n_prompt=len(tokens))
+    logits, _ = forward_with_masks(ref, tokens, n_prompt, selected, set(selected))
+    logits = logits.astype(np.float64)
+    logz = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+    expected = [logits[i - 1, tokens[i]] - logz[i - 1] for i in range(n_prompt, len(tokens))]
+    assert got.shape == (len(tokens) - n_prompt,)
+    assert np.abs(got - expected).max() < 2e-3
+
+
+def test_coreinfer_mode_chooses_every_neuron_from_the_prompt(tmp_path, si_model):
+    """CoreInfer: with a gamma = 1, delta = 0 file the prompt chooses all phi N neurons; on any file
+    the static neurons are not kept and phi may go below delta."""
+    src, out = tmp_path / "dense.gguf", tmp_path / "coreinfer.gguf"
+    make_model(src, "tiny-llama", weight_type="F32", seed=11, n_ff=256, n_layer=3)
+    convert(src, out, ranking="random", seed=2, load_ratio=1.0, static_ratio=0.0, layers="1:3", progress=False)
+    ref = ReferenceModel.load(out)
+    with Model(out, n_ctx=128) as m:
+        prompt, acts = clear_prompt(ref, [m.tokenize(p) for p in PROMPTS], 0.2)
+    with Model(out, n_ctx=128, compute_ratio=0.3, token_ratio=0.2, coreinfer=True) as m:
+        decode(m, prompt, 2)
+        assert m.selection_config()["coreinfer"]
+        for il, ids in m.selected_neurons().items():
+            assert ids.tolist() == reference_select(acts[il], 0, round(0.3 * 256), 0.2, False), f"layer {il}"
+    with Model(si_model, n_ctx=128, compute_ratio=0.1, coreinfer=True) as m:  # below delta = 0.25
+        decode(m, m.tokenize(PROMPT), 1)
+        assert all(len(ids) == round(0.1 * 256) for ids in m.selected_neurons().values())
+    with pytest.raises(ValueError, match="CoreInfer"):
+        Model(si_model, n_ctx=128, compute_ratio=0.9, coreinfer=True)
+
+
 def test_full_compute_ratio_equals_dense_over_loaded(si_model):
     with Model(si_model, n_ctx=128, compute_ratio=0.75) as sel, Model(si_model, n_ctx=128, dense=True) as dense:
         prompt = sel.tokenize(PROMPT)
@@ -167,9 +206,10 @@ def test_defaults_come_from_the_file(si_model):
 def test_environment_sets_the_knobs(si_model, monkeypatch):
     monkeypatch.setenv("SELECTINFER_COMPUTE_RATIO", "0.5")
     monkeypatch.setenv("SELECTINFER_SELECT_BY", "magnitude")
+    monkeypatch.setenv("SELECTINFER_COREINFER", "1")
     with Model(si_model) as m:
         cfg = m.selection_config()
-    assert cfg["compute_ratio"] == pytest.approx(0.5) and cfg["select_by"] == "magnitude"
+    assert cfg["compute_ratio"] == pytest.approx(0.5) and cfg["select_by"] == "magnitude" and cfg["coreinfer"]
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -195,5 +235,7 @@ def test_cli_knobs(cli, si_model, tiny_model):
     bad = cli("-m", si_model, "-p", "the capital", "--compute-ratio", "0.95")
     assert bad.returncode == 1 and "compute ratio (phi)" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+    core = cli("-m", si_model, "-p", "the capital", "-n", "2", "--temp", "0", "--coreinfer", "--compute-ratio", "0.1")
+    assert core.returncode == 0, core.stderr
     dense = cli("-m", tiny_model("tiny-llama", "F32"), "-p", "x", "--dense-ffn")
     assert dense.returncode == 1 and "need a SelectInfer GGUF" in dense.stderr

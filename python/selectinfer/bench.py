@@ -25,6 +25,7 @@ class BenchResult:
     path: str
     label: str
     model_bytes: int
+    read_bytes: int  # weight bytes one decode step reads (bytes_read_per_token)
     prefill_tokens_per_s: list[float] = field(default_factory=list)
     decode_tokens_per_s: list[float] = field(default_factory=list)
 
@@ -77,7 +78,9 @@ def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, r
         for _, p, kwargs in configs:
             models.append(Model(p, n_ctx=n_prompt + n_gen + 8, n_batch=max(n_prompt, 32), n_threads=n_threads,
                                 **kwargs))
-        results = [BenchResult(str(p), label, m.stats()["model_bytes"]) for (label, p, _), m in zip(configs, models)]
+        results = [BenchResult(str(p), label, m.stats()["model_bytes"],
+                               bytes_read_per_token(p, None if kw.get("dense") else kw.get("compute_ratio")))
+                   for (label, p, kw), m in zip(configs, models)]
         prompts = [_prompt_tokens(m, n_prompt) for m in models]
         for m, prompt in zip(models, prompts):  # warm-up: page in the weights, fill caches
             m._set_sampling(0, 0, 1.0, 0)
@@ -93,6 +96,29 @@ def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, r
             m.close()
 
 
+def bytes_read_per_token(path, compute_ratio: float | None = None) -> int:
+    """Weight bytes one decode step reads, the yardstick of a memory-bound decode (design.md §4):
+    every matrix once, the token embedding only where it is also the output projection (tied);
+    in a SelectInfer layer at compute ratio phi only the FFN rows computed (phi N of n_load)."""
+    from . import _native
+
+    header = _native.read_gguf_header(str(path))
+    tensors = {t["name"]: t for t in header["tensors"]}
+    n_original = int(header["kv"].get("selectinfer.original_feed_forward_length", 0))
+    total = 0
+    for name, t in tensors.items():
+        if name == "token_embd.weight" and "output.weight" in tensors:
+            continue  # only one row per token is read
+        nbytes = t["nbytes"]
+        layer, _, kind = name.partition(".")[2].partition(".")
+        down_t = tensors.get(f"blk.{layer}.ffn_down_t.weight")
+        if compute_ratio is not None and down_t and kind.split(".")[0] in ("ffn_gate", "ffn_up", "ffn_down_t"):
+            n_load = down_t["ne"][1]
+            nbytes = nbytes * min(n_load, round(compute_ratio * n_original)) // n_load
+        total += nbytes
+    return total
+
+
 def _is_selectinfer(path) -> bool:
     from . import _native
 
@@ -100,12 +126,17 @@ def _is_selectinfer(path) -> bool:
 
 
 def format_table(results: list[BenchResult]) -> str:
+    """Medians, and ratios to the first model: measured, and the bytes-read ideal (how much less
+    a decode step reads) with the share of it reached."""
     base = results[0]
     lines = [
-        "| model | weights MiB | prefill tok/s (median) | decode tok/s (median) | decode vs first |",
-        "|---|---:|---:|---:|---:|",
+        "| model | weights MiB | read/token MiB | prefill tok/s | decode tok/s | prefill vs first "
+        "| decode vs first | bytes ideal | of ideal |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        lines.append(f"| {r.label} | {r.model_bytes / 2**20:.1f} | {r.prefill_median:.1f} "
-                     f"| {r.decode_median:.1f} | {r.decode_median / base.decode_median:.2f}x |")
+        speedup, ideal = r.decode_median / base.decode_median, base.read_bytes / r.read_bytes
+        lines.append(f"| {r.label} | {r.model_bytes / 2**20:.1f} | {r.read_bytes / 2**20:.1f} | {r.prefill_median:.1f} "
+                     f"| {r.decode_median:.1f} | {r.prefill_median / base.prefill_median:.2f}x | {speedup:.2f}x "
+                     f"| {ideal:.2f}x | {100 * speedup / ideal:.0f}% |")
     return "\n".join(lines)

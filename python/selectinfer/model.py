@@ -65,16 +65,18 @@ class Model:
         use_mmap: map the weights from the file instead of reading them into memory.
         flash_attn: None lets llama.cpp decide (its default), True/False forces it on/off.
         profile: accumulate FFN activation statistics while evaluating (see `activation_sums`).
-        compute_ratio, token_ratio, select_by, dense: selective computation of a SelectInfer GGUF
-            (phi, alpha, "value" or "magnitude", compute every loaded neuron); None uses the file's
-            defaults (or the SELECTINFER_* environment variables).
+        compute_ratio, token_ratio, select_by, dense, coreinfer: selective computation of a
+            SelectInfer GGUF (phi, alpha, "value" or "magnitude", compute every loaded neuron,
+            CoreInfer mode: no static neurons, for a gamma = 1, delta = 0 file); None uses the
+            file's defaults (or the SELECTINFER_* environment variables).
         verbose: let llama.cpp log to stderr.
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 2048, n_batch: int = 512,
                  n_threads: int = 0, seed: int = -1, use_mmap: bool = True, flash_attn: bool | None = None,
                  profile: bool = False, compute_ratio: float | None = None, token_ratio: float | None = None,
-                 select_by: str | None = None, dense: bool = False, verbose: bool = False):
+                 select_by: str | None = None, dense: bool = False, coreinfer: bool = False,
+                 verbose: bool = False):
         self.model_path = os.fspath(model_path)
         if not os.path.isfile(self.model_path):
             raise FileNotFoundError(f"model file not found: {self.model_path} "
@@ -94,6 +96,7 @@ class Model:
         params.token_ratio = -1.0 if token_ratio is None else float(token_ratio)
         params.select_by_magnitude = select_by == "magnitude"
         params.dense = dense
+        params.coreinfer = coreinfer
         self.seed = seed
         self._engine: _native.Engine | None = _native.Engine(params)
 
@@ -138,15 +141,33 @@ class Model:
         """Logits after each token of `tokens` (a fresh sequence): shape (len(tokens), n_vocab)."""
         return self.engine.eval_prompt(list(tokens), True)
 
-    def token_logprobs(self, text: str | Sequence[int]) -> tuple[list[int], np.ndarray]:
-        """Tokens of `text` (with BOS when the model adds one) and log p(token_i | tokens_<i) for i >= 1."""
+    def token_logprobs(self, text: str | Sequence[int], n_prompt: int | None = None) -> tuple[list[int], np.ndarray]:
+        """Tokens of `text` (with BOS when the model adds one) and log p(token_i | tokens_<i) for
+        i >= 1, all in one pass. With n_prompt, the first n_prompt tokens are a prompt and only the
+        tokens after it are scored, one decode step each: as generation computes them (in a
+        SelectInfer model, with the neurons the prompt selected)."""
         tokens = self.tokenize(text) if isinstance(text, str) else list(text)
         if len(tokens) < 2:
             raise ValueError("need at least two tokens to score a text")
-        return tokens, self.engine.token_logprobs(tokens)
+        if n_prompt is None:
+            return tokens, self.engine.token_logprobs(tokens)
+        if not 1 <= n_prompt < len(tokens):
+            raise ValueError(f"n_prompt must be in [1, {len(tokens) - 1}] for a text of {len(tokens)} tokens, "
+                             f"got {n_prompt}")
+        engine = self.engine
+        engine.eval_prompt(tokens[:n_prompt], False)
+        logprobs = []
+        for i in range(n_prompt, len(tokens)):
+            logits = np.asarray(engine.last_logits(), dtype=np.float64)
+            top = logits.max()
+            logprobs.append(logits[tokens[i]] - top - np.log(np.exp(logits - top).sum()))
+            if i + 1 < len(tokens):
+                engine.eval_token(tokens[i])
+        return tokens, np.asarray(logprobs, dtype=np.float32)
 
-    def perplexity(self, text: str | Sequence[int]) -> float:
-        _, logprobs = self.token_logprobs(text)
+    def perplexity(self, text: str | Sequence[int], n_prompt: int | None = None) -> float:
+        """exp of the mean negative log-likelihood of the scored tokens (token_logprobs)."""
+        _, logprobs = self.token_logprobs(text, n_prompt)
         return float(np.exp(-np.mean(logprobs)))
 
     def activation_sums(self, reset: bool = True) -> tuple[list[np.ndarray], int]:

@@ -1,0 +1,46 @@
+"""The side-by-side benchmark: what it runs and the bytes-read yardstick it reports against."""
+import pytest
+from gguf import GGUFReader
+
+from selectinfer.bench import bytes_read_per_token, format_table, run_bench
+from selectinfer.convert import convert
+from selectinfer.synthetic import make_model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A dense tiny llama with an untied output, and its SelectInfer conversion (gamma 0.75, layers 1..2)."""
+    root = tmp_path_factory.mktemp("bench")
+    dense, si = root / "dense.gguf", root / "si.gguf"
+    make_model(dense, "tiny-llama", weight_type="F32", seed=3, n_ff=256, n_layer=3)
+    convert(dense, si, ranking="random", load_ratio=0.75, static_ratio=0.25, layers="1:3", progress=False)
+    return dense, si
+
+
+def tensor_bytes(path):
+    return {t.name: int(t.n_bytes) for t in GGUFReader(str(path)).tensors}
+
+
+def test_bytes_read_per_token(models):
+    dense, si = models
+    d, s = tensor_bytes(dense), tensor_bytes(si)
+    embd_read = 0 if "output.weight" in d else d["token_embd.weight"]  # one row per token unless tied
+    assert bytes_read_per_token(dense) == sum(d.values()) - d["token_embd.weight"] + embd_read
+    loaded = bytes_read_per_token(si)
+    assert loaded == sum(s.values()) - s["token_embd.weight"] + embd_read
+    # phi 0.5 of N = 256: 128 of the 192 loaded rows of gate, up and down_t in layers 1 and 2
+    ffn = sum(s[f"blk.{il}.{k}.weight"] for il in (1, 2) for k in ("ffn_gate", "ffn_up", "ffn_down_t"))
+    assert bytes_read_per_token(si, 0.5) == loaded - ffn + ffn * 128 // 192
+    assert bytes_read_per_token(si, 0.75) == loaded
+
+
+def test_bench_runs_every_configuration_side_by_side(models):
+    dense, si = models
+    results = run_bench([dense, si], n_prompt=8, n_gen=4, repeats=2, n_threads=1, compute_ratios=[0.5])
+    assert [r.label for r in results] == ["dense.gguf", "si.gguf (dense over loaded)", "si.gguf (phi 0.5)"]
+    for r in results:
+        assert len(r.decode_tokens_per_s) == 2 and min(r.decode_tokens_per_s) > 0
+        assert len(r.prefill_tokens_per_s) == 2 and min(r.prefill_tokens_per_s) > 0
+    table = format_table(results).splitlines()
+    assert len(table) == 2 + 3 and "bytes ideal" in table[0]
+    assert table[2].split("|")[-3].strip() == "1.00x"  # the first model against itself
