@@ -37,7 +37,8 @@ $(UPSTREAM):
 	$(PY) scripts/check_upstream_parity.py --build-only
 upstream: install $(UPSTREAM)
 
-test: install-test upstream
+# (not through `upstream`: its plain install would replace the test install's tools)
+test: install-test $(UPSTREAM)
 	$(PY) -m pytest -v
 
 # Developer loop: editable install with the build tree kept in build/; rerun after editing cpp/.

@@ -89,7 +89,7 @@ PYBIND11_MODULE(_native, m) {
           py::arg("n_dynamic") = 0, py::arg("alpha") = 0.0f, py::arg("by_magnitude") = false,
           "runs one sparse FFN op on the CPU backend (inputs: (ggml type, ne, raw bytes)); returns raw output");
     m.def("time_ffn_layer", &time_ffn_layer, py::arg("type"), py::arg("n_embd"), py::arg("n_ff"), py::arg("n_load"),
-          py::arg("n_select"), py::arg("n_tokens"), py::arg("n_threads"), py::arg("n_reps"),
+          py::arg("n_static"), py::arg("n_select"), py::arg("n_tokens"), py::arg("n_threads"), py::arg("n_reps"),
           py::call_guard<py::gil_scoped_release>(),
           "times one FFN layer's steps with random weights: [(step, [ms per run])] (op_runner.h)");
     m.def("row_bytes", &row_bytes, py::arg("type"), py::arg("n_per_row"));

@@ -147,9 +147,8 @@ ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, g
     built_prompt_ = prompt;
     const bool all_loaded = config_.dense || l.n_select == l.n_load;
     if (!prompt && !all_loaded) {
-        ggml_tensor * gate = ggml_si_mul_rows(ctx, w.ffn_gate, x, ids);
-        ggml_tensor * up   = ggml_si_mul_rows(ctx, w.ffn_up, x, ids);
-        return ggml_si_mul_rows_t(ctx, w.ffn_down_t, ggml_swiglu_split(ctx, gate, up), ids);
+        return build_sparse_ffn(ctx, w.ffn_gate, w.ffn_up, w.ffn_down_t, x, ids, kept_static(l),
+                                l.n_select - kept_static(l));
     }
     // dense over the loaded neurons; a prompt selects its neurons in the same graph
     ggml_tensor * act = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, w.ffn_gate, x), ggml_mul_mat(ctx, w.ffn_up, x));
@@ -159,6 +158,27 @@ ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, g
         ggml_build_forward_expand(gf, ggml_cpy(ctx, chosen, ids));
     }
     return ggml_si_mul_rows_t(ctx, w.ffn_down_t, act, nullptr);
+}
+
+ggml_tensor * build_sparse_ffn(ggml_context * ctx, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down_t,
+                               ggml_tensor * x, ggml_tensor * ids, int n_static, int n_dynamic) {
+    ggml_tensor * out = nullptr;
+    if (n_static > 0) {
+        // the static neurons are the first rows: upstream's dense matmul over them (its tiled
+        // kernel reads a contiguous block faster than any row gather)
+        auto first_rows = [&](ggml_tensor * t) { return ggml_view_2d(ctx, t, t->ne[0], n_static, t->nb[1], 0); };
+        ggml_tensor * act = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, first_rows(gate), x),
+                                              ggml_mul_mat(ctx, first_rows(up), x));
+        out = ggml_si_mul_rows_t(ctx, down_t, act, nullptr);
+    }
+    if (n_dynamic > 0) {
+        ggml_tensor * dynamic = ggml_view_1d(ctx, ids, n_dynamic, n_static * sizeof(int32_t));
+        ggml_tensor * act = ggml_swiglu_split(ctx, ggml_si_mul_rows(ctx, gate, x, dynamic),
+                                              ggml_si_mul_rows(ctx, up, x, dynamic));
+        ggml_tensor * part = ggml_si_mul_rows_t(ctx, down_t, act, dynamic);
+        out = out ? ggml_add(ctx, out, part) : part;
+    }
+    return out;
 }
 
 bool NeuronSelection::graph_reusable() const {

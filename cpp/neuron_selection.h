@@ -2,10 +2,9 @@
 //
 // Prefill runs dense over the loaded neurons and, in the same graph, selects the prompt's
 // neurons (ggml_si_select) into a per-layer I32 tensor that lives on the layer's device, like
-// the KV cache. Decode steps then compute only those neurons with the sparse ops: gate and up
-// by ggml_si_mul_rows, the down projection by ggml_si_mul_rows_t. The selection stays fixed for
-// the generation and is redone by the next prompt. When every loaded neuron is computed (dense,
-// or phi = gamma), decode uses the prompt's dense graph and nothing is selected.
+// the KV cache. Decode steps then compute only those neurons (build_sparse_ffn). The selection
+// stays fixed for the generation and is redone by the next prompt. When every loaded neuron is
+// computed (dense, or phi = gamma), decode uses the prompt's dense graph and nothing is selected.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +29,12 @@ struct SelectionConfig {
     bool  coreinfer     = false; // CoreInfer: no static neurons, the prompt chooses all phi N (0 < phi <= gamma);
                                  // the method itself with a gamma = 1, delta = 0 file
 };
+
+// A decode step's FFN of a SelectInfer layer over the selection ids (static rows 0..n_static-1
+// first, then n_dynamic scattered rows): the static block by upstream's dense matmul, the
+// dynamic rows by the sparse ops (gate and up: ggml_si_mul_rows; down: ggml_si_mul_rows_t).
+ggml_tensor * build_sparse_ffn(ggml_context * ctx, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down_t,
+                               ggml_tensor * x, ggml_tensor * ids, int n_static, int n_dynamic);
 
 class NeuronSelection {
 public:

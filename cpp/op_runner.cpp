@@ -2,6 +2,7 @@
 
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "neuron_selection.h"
 #include "sparse_ffn_ops.h"
 
 #include <algorithm>
@@ -80,10 +81,13 @@ double time_graph_ms(ggml_cgraph * gf, int n_threads, std::vector<uint8_t> & wor
 }  // namespace
 
 std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type, int64_t n_embd, int64_t n_ff,
-                                                                        int64_t n_load, int64_t n_select,
+                                                                        int64_t n_load, int64_t n_static,
+                                                                        int64_t n_select,
                                                                         int64_t n_tokens, int n_threads, int n_reps) {
-    if (!(0 < n_select && n_select <= n_load && n_load <= n_ff) || n_tokens < 1 || n_reps < 1) {
-        throw std::invalid_argument("time_ffn_layer needs 0 < n_select <= n_load <= n_ff, n_tokens >= 1, n_reps >= 1");
+    if (!(0 <= n_static && n_static <= n_select && 0 < n_select && n_select <= n_load && n_load <= n_ff) ||
+        n_tokens < 1 || n_reps < 1) {
+        throw std::invalid_argument("time_ffn_layer needs 0 <= n_static <= n_select <= n_load <= n_ff, 0 < n_select, "
+                                    "n_tokens >= 1, n_reps >= 1");
     }
     const auto wt = (ggml_type) type;
     const size_t weights = ggml_row_size(wt, n_embd) * (3 * n_ff + 3 * n_load);
@@ -110,7 +114,6 @@ std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type
     {
         std::vector<int32_t> rows(n_load);
         std::iota(rows.begin(), rows.end(), 0);
-        const int64_t n_static = n_select / 2;
         std::shuffle(rows.begin() + n_static, rows.end(), rng);
         std::sort(rows.begin() + n_static, rows.begin() + n_select);
         std::memcpy(ids->data, rows.data(), n_select * sizeof(int32_t));
@@ -124,18 +127,16 @@ std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type
         fill_random(t, rng);
         return t;
     };
-    const int n_static = (int) (n_select / 2);
     std::vector<std::pair<std::string, std::vector<ggml_tensor *>>> steps = {
         {"dense gate+up", {act_of(ggml_mul_mat(c, gate, x), ggml_mul_mat(c, up, x))}},
         {"dense down", {ggml_mul_mat(c, down, leaf(n_ff))}},
         {"loaded gate+up", {act_of(ggml_mul_mat(c, gate_si, x), ggml_mul_mat(c, up_si, x))}},
         {"loaded down", {ggml_si_mul_rows_t(c, down_t, leaf(n_load), nullptr)}},
     };
-    if (n_tokens == 1) {
-        steps.push_back({"selected gate+up", {act_of(ggml_si_mul_rows(c, gate_si, x, ids), ggml_si_mul_rows(c, up_si, x, ids))}});
-        steps.push_back({"selected down", {ggml_si_mul_rows_t(c, down_t, leaf(n_select), ids)}});
+    if (n_tokens == 1) {  // the engine's decode graph: static block by mul_mat, dynamic rows by the sparse ops
+        steps.push_back({"selected FFN", {build_sparse_ffn(c, gate_si, up_si, down_t, x, ids, (int) n_static, (int) (n_select - n_static))}});
     } else {  // a prompt computes the loaded layer and selects
-        steps.push_back({"selection", {ggml_si_select(c, leaf(n_load), n_static, (int) n_select - n_static, 0.2f, false)}});
+        steps.push_back({"selection", {ggml_si_select(c, leaf(n_load), (int) n_static, (int) (n_select - n_static), 0.2f, false)}});
     }
     std::vector<std::pair<std::string, std::vector<double>>> times;
     std::vector<ggml_cgraph *> graphs;

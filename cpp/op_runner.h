@@ -21,14 +21,15 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
 
 
 // One SwiGLU FFN layer with random weights in `type` (n_embd, n_ff original neurons, n_load
-// loaded, n_select computed at decode) on n_tokens tokens with the real kernels, each step run
+// loaded of which the first n_static are static, n_select computed at decode) on n_tokens tokens with the real kernels, each step run
 // n_reps times (interleaved); milliseconds per run of each step, in order:
 //   "dense gate+up", "dense down"    upstream mul_mat over all n_ff neurons (the original model),
 //   "loaded gate+up", "loaded down"  the SI layer computing every loaded neuron,
-//   one token: "selected gate+up", "selected down"  the sparse ops over n_select rows;
+//   one token: "selected FFN"        the engine's decode graph over n_select rows (build_sparse_ffn);
 //   more:      "selection"           the prompt's neuron selection (the prompt computes "loaded").
 std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type, int64_t n_embd, int64_t n_ff,
-                                                                        int64_t n_load, int64_t n_select,
+                                                                        int64_t n_load, int64_t n_static,
+                                                                        int64_t n_select,
                                                                         int64_t n_tokens, int n_threads, int n_reps);
 
 }  // namespace selectinfer

@@ -12,16 +12,16 @@ import argparse
 import statistics
 
 from selectinfer import _native
-from selectinfer.convert import load_count
+from selectinfer.convert import neuron_count
 from selectinfer.synthetic import SHAPES
 
 TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14, "BF16": 30}
 SHAPES_AND_DEFAULT = {**{k: (v.n_embd, v.n_ff) for k, v in SHAPES.items()}, "smollm2-135m": (576, 1536)}
 
 
-def medians(type_id: int, n_embd: int, n_ff: int, n_load: int, n_select: int, n_tokens: int, threads: int,
-            reps: int) -> dict[str, float]:
-    times = _native.time_ffn_layer(type_id, n_embd, n_ff, n_load, n_select, n_tokens, threads, reps)
+def medians(type_id: int, n_embd: int, n_ff: int, n_load: int, n_static: int, n_select: int, n_tokens: int,
+            threads: int, reps: int) -> dict[str, float]:
+    times = _native.time_ffn_layer(type_id, n_embd, n_ff, n_load, n_static, n_select, n_tokens, threads, reps)
     return {step: statistics.median(ms) for step, ms in times}
 
 
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shape", default="llama-3.2-3b", choices=sorted(SHAPES_AND_DEFAULT))
     ap.add_argument("--type", default="F16", choices=sorted(TYPES))
     ap.add_argument("--load-ratio", type=float, default=0.7, help="gamma: loaded neurons / original")
+    ap.add_argument("--static-ratio", type=float, default=0.3, help="delta: static neurons / original")
     ap.add_argument("--compute-ratios", type=float, nargs="+", default=[0.3, 0.4, 0.5, 0.7], help="phi values")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 64], help="tokens per run (1 = decode)")
     ap.add_argument("-t", "--threads", type=int, default=2)
@@ -37,30 +38,34 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     n_embd, n_ff = SHAPES_AND_DEFAULT[args.shape]
-    n_load = load_count(args.load_ratio, n_ff)  # as the converter keeps them
+    n_load = neuron_count(args.load_ratio, n_ff)  # as the converter keeps them
+    n_static = neuron_count(args.static_ratio, n_ff)
     print(f"{args.shape} FFN layer: n_embd {n_embd}, n_ff {n_ff}, {args.type}, gamma {args.load_ratio} "
-          f"({n_load} loaded), {args.threads} threads, medians of {args.reps} interleaved runs, ms")
+          f"({n_load} loaded), delta {args.static_ratio} ({n_static} static), {args.threads} threads, "
+          f"medians of {args.reps} interleaved runs, ms")
     if 1 in args.tokens:
-        print("\ndecode (1 token)   gate+up   down  = FFN    | gate+up   down  = FFN   | SI/loaded  target  dense/SI")
+        print("\ndecode (1 token)   gate+up   down  = FFN    | SI FFN | SI/loaded  target  dense/SI")
         shown_dense = False
         for phi in args.compute_ratios:
             n_select = min(n_load, round(phi * n_ff))
             if n_select == n_load:  # the engine computes every loaded neuron with the dense graph
                 print(f"  phi {phi:<4}         = dense-over-loaded (every loaded neuron)")
                 continue
-            m = medians(TYPES[args.type], n_embd, n_ff, n_load, n_select, 1, args.threads, args.reps)
+            m = medians(TYPES[args.type], n_embd, n_ff, n_load, min(n_static, n_select), n_select, 1, args.threads,
+                        args.reps)
             dense = m["dense gate+up"] + m["dense down"]
             loaded = m["loaded gate+up"] + m["loaded down"]
-            si = m["selected gate+up"] + m["selected down"]
+            si = m["selected FFN"]  # the engine's decode graph: static block + dynamic rows
             if not shown_dense:
                 shown_dense = True
                 print(f"  dense (original) {m['dense gate+up']:7.3f} {m['dense down']:6.3f} = {dense:6.3f}")
                 print(f"  dense-over-loaded{m['loaded gate+up']:7.3f} {m['loaded down']:6.3f} = {loaded:6.3f}")
             # issue 5's target: SI FFN time at phi at most 1.15 x phi/gamma of dense-over-loaded
-            print(f"  phi {phi:<4}         {'':22} | {m['selected gate+up']:7.3f} {m['selected down']:6.3f} = "
-                  f"{si:6.3f} | {si / loaded:9.3f} {1.15 * phi / args.load_ratio:7.3f} {dense / si:8.3f}")
+            print(f"  phi {phi:<4}         {'':22} | {si:6.3f} | {si / loaded:9.3f} "
+                  f"{1.15 * phi / args.load_ratio:7.3f} {dense / si:8.3f}")
     for n_tokens in [t for t in args.tokens if t > 1]:
-        m = medians(TYPES[args.type], n_embd, n_ff, n_load, round(args.compute_ratios[0] * n_ff), n_tokens,
+        n_select = min(n_load, round(args.compute_ratios[0] * n_ff))
+        m = medians(TYPES[args.type], n_embd, n_ff, n_load, min(n_static, n_select), n_select, n_tokens,
                     args.threads, args.reps)
         dense = m["dense gate+up"] + m["dense down"]
         loaded = m["loaded gate+up"] + m["loaded down"]

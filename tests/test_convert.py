@@ -8,7 +8,7 @@ from reference import ReferenceModel
 
 from selectinfer import Model, ModelLoadError
 from selectinfer.convert import (ConvertError, SourceGGUF, convert, default_layers, estimate_output_bytes, inspect,
-                                 load_count, plan_layers)
+                                 neuron_count, plan_layers)
 from selectinfer.profiles import DatasetStats, ModelInfo, Profile, ProfileError, ranking
 from selectinfer.paths import sha256_file
 from selectinfer.synthetic import make_model
@@ -177,13 +177,14 @@ def test_memory_budget_picks_the_largest_fitting_gamma(models, tmp_path):
 
 
 def test_large_layers_keep_whole_groups_of_neurons():
-    """Layers of 1024+ neurons keep a multiple of 32 (upstream's tiled matmul wants multiples of 16)."""
-    assert load_count(0.7, 8192) == 5728  # 0.7 * 8192 = 5734.4 -> 179 groups
-    assert load_count(0.7, 1536) == 1088  # 1075.2 -> 34 groups
-    assert load_count(0.5, 96) == 48  # small layers: one neuron steps
+    """Layers of 1024+ neurons keep and hold static multiples of 32 (upstream's tiled matmul wants
+    multiples of 16)."""
+    assert neuron_count(0.7, 8192) == 5728  # 0.7 * 8192 = 5734.4 -> 179 groups
+    assert neuron_count(0.7, 1536) == 1088  # 1075.2 -> 34 groups
+    assert neuron_count(0.5, 96) == 48  # small layers: one neuron steps
     plans = plan_layers(8192, range(2), 0.7, 0.2)
     assert [len(p.neuron_ids) for p in plans.values()] == [5728, 5728]
-    assert [p.n_static for p in plans.values()] == [1638, 1638]
+    assert [p.n_static for p in plans.values()] == [1632, 1632]  # 1638.4 -> 51 groups
     with pytest.raises(ConvertError, match="keeps no neuron"):
         plan_layers(8192, range(2), 0.001, 0.0)
 

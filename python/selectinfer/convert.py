@@ -84,10 +84,11 @@ def check_ratios(load_ratio: float, static_ratio: float) -> None:
         raise ConvertError(f"static ratio (delta {static_ratio}) cannot exceed the load ratio (gamma {load_ratio})")
 
 
-# Loaded neurons per layer come in whole groups of NEURON_GROUP in layers of at least 32 groups:
-# upstream's tiled matmul (llamafile sgemm), which computes gate and up over the loaded neurons
-# in a prompt, takes its fast path only for row counts in multiples of 16 (2.5x slower otherwise,
-# scripts/bench_ffn.py). gamma moves by at most NEURON_GROUP / 2 neurons.
+# Loaded and static neurons per layer come in whole groups of NEURON_GROUP in layers of at least
+# 32 groups: upstream's tiled matmul (llamafile sgemm), which computes gate and up over the loaded
+# neurons in a prompt and over the static ones at decode, takes its fast path only for row counts
+# in multiples of 16 (2.5x slower otherwise, scripts/bench_ffn.py). gamma and delta move by at
+# most NEURON_GROUP / 2 neurons.
 NEURON_GROUP = 32
 
 
@@ -96,10 +97,10 @@ def neuron_step(n_ff: int) -> int:
     return NEURON_GROUP if n_ff >= 32 * NEURON_GROUP and n_ff % NEURON_GROUP == 0 else 1
 
 
-def load_count(load_ratio: float, n_ff: int) -> int:
-    """Neurons a layer of n_ff keeps at load ratio gamma."""
+def neuron_count(ratio: float, n_ff: int) -> int:
+    """Neurons a layer of n_ff keeps at load ratio gamma, or holds static at static ratio delta."""
     step = neuron_step(n_ff)
-    return round(load_ratio * n_ff / step) * step
+    return round(ratio * n_ff / step) * step
 
 
 def plan_layers(n_ff: int, layers: range, load_ratio: float, static_ratio: float, *,
@@ -107,8 +108,8 @@ def plan_layers(n_ff: int, layers: range, load_ratio: float, static_ratio: float
     """Which neurons each sparsified layer keeps. With a profile: static from the task's base
     ranking, secondary from the model-wide ranking; without one: a seeded random choice."""
     check_ratios(load_ratio, static_ratio)
-    n_load = load_count(load_ratio, n_ff)
-    n_static = min(round(static_ratio * n_ff), n_load)
+    n_load = neuron_count(load_ratio, n_ff)
+    n_static = min(neuron_count(static_ratio, n_ff), n_load)
     if n_load < 1:
         raise ConvertError(f"load ratio {load_ratio} keeps no neuron of {n_ff}")
     plans = {}
@@ -240,7 +241,7 @@ def fit_load_ratio(src: SourceGGUF, layers: range, n_ff: int, static_ratio: floa
     """The largest gamma (in steps of one neuron, or of a group of them, see load_count) whose
     converted weights fit budget_bytes."""
     step = neuron_step(n_ff)
-    lo, hi = -(-max(1, round(static_ratio * n_ff)) // step), n_ff // step  # in steps
+    lo, hi = max(1, -(-neuron_count(static_ratio, n_ff) // step)), n_ff // step  # in steps
     need = estimate_output_bytes(src, layers, lo * step)
     if need > budget_bytes:
         raise ConvertError(f"the budget of {budget_bytes / 2**20:.1f} MiB is too small: even gamma = delta "
