@@ -26,10 +26,10 @@ int64_t row_of(const ggml_tensor * ids, int64_t j) {
     return ids ? (int64_t) ((const int32_t *) ids->data)[j] : j;
 }
 
-// Columns [c0, c1) of output element range handled by thread ith: whole blocks of the weight type.
-void column_range(const ggml_tensor * w, int ith, int nth, int64_t & c0, int64_t & c1) {
-    const int64_t blck = ggml_blck_size(w->type);
-    const int64_t n_blocks = w->ne[0] / blck;
+// Columns [c0, c1) of t handled by thread ith: whole blocks of t's type.
+void column_range(const ggml_tensor * t, int ith, int nth, int64_t & c0, int64_t & c1) {
+    const int64_t blck = ggml_blck_size(t->type);
+    const int64_t n_blocks = t->ne[0] / blck;
     const int64_t per = (n_blocks + nth - 1) / nth;
     c0 = std::min(n_blocks, per * ith) * blck;
     c1 = std::min(n_blocks, per * (ith + 1)) * blck;
@@ -264,7 +264,6 @@ constexpr int TILE_E = 2 * VEC;
 typedef float vfloat __attribute__((vector_size(VEC * sizeof(float))));
 constexpr int64_t PANEL_ROWS = 128, TOKEN_CHUNK = 64;
 
-inline vfloat load(const float * p) { vfloat v; std::memcpy(&v, p, sizeof v); return v; }
 inline void store(float * p, vfloat v) { std::memcpy(p, &v, sizeof v); }
 
 // c[t][0..TILE_E) (+)= sum over rows j < n_rows of h[t][j] * panel[j][0..TILE_E)
@@ -273,11 +272,11 @@ void tile_kernel(const float * panel, int64_t panel_stride, int64_t n_rows, cons
                  bool first) {
     vfloat acc[TT][2];
     for (int t = 0; t < TT; ++t) {
-        acc[t][0] = first ? vfloat{} : load(c[t]);
-        acc[t][1] = first ? vfloat{} : load(c[t] + VEC);
+        acc[t][0] = first ? vfloat{} : load_as<vfloat>(c[t]);
+        acc[t][1] = first ? vfloat{} : load_as<vfloat>(c[t] + VEC);
     }
     for (int64_t j = 0; j < n_rows; ++j) {
-        const vfloat w0 = load(panel + j * panel_stride), w1 = load(panel + j * panel_stride + VEC);
+        const vfloat w0 = load_as<vfloat>(panel + j * panel_stride), w1 = load_as<vfloat>(panel + j * panel_stride + VEC);
         for (int t = 0; t < TT; ++t) {
             const vfloat b = vfloat{} + h[t][j];
             acc[t][0] += b * w0;

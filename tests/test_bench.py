@@ -2,19 +2,15 @@
 import pytest
 from gguf import GGUFReader
 
+from conftest import make_si_model
+
 from selectinfer.bench import bytes_read_per_token, format_table, run_bench
-from selectinfer.convert import convert
-from selectinfer.synthetic import make_model
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """A dense tiny llama with an untied output, and its SelectInfer conversion (gamma 0.75, layers 1..2)."""
-    root = tmp_path_factory.mktemp("bench")
-    dense, si = root / "dense.gguf", root / "si.gguf"
-    make_model(dense, "tiny-llama", weight_type="F32", seed=3, n_ff=256, n_layer=3)
-    convert(dense, si, ranking="random", load_ratio=0.75, static_ratio=0.25, layers="1:3", progress=False)
-    return dense, si
+    return make_si_model(tmp_path_factory.mktemp("bench"), seed=3, layers="1:3")
 
 
 def tensor_bytes(path):

@@ -3,6 +3,7 @@ decode against the reference with the same masks, phi = gamma against dense-over
 import numpy as np
 import pytest
 from gguf import GGUFReader
+from conftest import make_si_model
 from reference import ReferenceModel, rms_norm
 from test_sparse_ops import reference_select
 
@@ -16,11 +17,7 @@ PROMPT = "the capital of france is paris, a city on the"
 @pytest.fixture(scope="module")
 def si_model(tmp_path_factory):
     """A SelectInfer tiny llama: N = 256, gamma 0.75, delta 0.25, layers 1..2 of 3."""
-    root = tmp_path_factory.mktemp("selective")
-    src, out = root / "dense.gguf", root / "si.gguf"
-    make_model(src, "tiny-llama", weight_type="F32", seed=11, n_ff=256, n_layer=3)
-    convert(src, out, ranking="random", seed=2, load_ratio=0.75, static_ratio=0.25, layers="1:3", progress=False)
-    return out
+    return make_si_model(tmp_path_factory.mktemp("selective"), seed=11, layers="1:3")[1]
 
 
 def forward_with_masks(ref: ReferenceModel, tokens, n_prompt, masks, si_layers):
