@@ -391,6 +391,26 @@ static void check_tokens(const std::vector<llama_token> & tokens, int32_t n_voca
     }
 }
 
+namespace {
+
+// The batches evaluated while this lives are a prompt's (they select); decode steps after.
+class PromptPhase {
+public:
+    explicit PromptPhase(NeuronSelection * selection) : selection_(selection) {
+        if (selection_) selection_->set_phase(NeuronSelection::Phase::prompt);
+    }
+    ~PromptPhase() {
+        if (selection_) selection_->set_phase(NeuronSelection::Phase::decode);
+    }
+    PromptPhase(const PromptPhase &) = delete;
+    PromptPhase & operator=(const PromptPhase &) = delete;
+
+private:
+    NeuronSelection * selection_;
+};
+
+}  // namespace
+
 std::vector<float> Engine::eval_prompt(const std::vector<llama_token> & tokens, bool all_logits) {
     check_tokens(tokens, n_vocab(), n_ctx(), "prompt");
     // Reuse the cached prefix; at least the last token is evaluated again to get its logits.
@@ -411,8 +431,8 @@ std::vector<float> Engine::eval_prompt(const std::vector<llama_token> & tokens, 
     const int32_t n_vocab_ = n_vocab();
     std::vector<float> logits;
     auto t0 = std::chrono::steady_clock::now();
-    if (selection) selection->set_phase(NeuronSelection::Phase::prompt);  // a one-token prompt selects too
-    try {
+    {
+        PromptPhase phase(selection);  // a one-token prompt selects too
         for (size_t start = keep; start < tokens.size(); start += params_.n_batch) {
             int32_t n = (int32_t) std::min<size_t>(params_.n_batch, tokens.size() - start);
             decode_batch(tokens.data() + start, n, (int32_t) start, all_logits);
@@ -423,11 +443,7 @@ std::vector<float> Engine::eval_prompt(const std::vector<llama_token> & tokens, 
                 }
             }
         }
-    } catch (...) {
-        if (selection) selection->set_phase(NeuronSelection::Phase::decode);
-        throw;
     }
-    if (selection) selection->set_phase(NeuronSelection::Phase::decode);
     if (!all_logits) {
         const float * row = llama_get_logits_ith(ctx_, -1);  // the last output row
         logits.assign(row, row + n_vocab_);
@@ -490,6 +506,7 @@ std::vector<float> Engine::token_logprobs(const std::vector<llama_token> & token
     const int32_t nv = n_vocab();
     std::vector<float> out;
     out.reserve(tokens.size() - 1);
+    PromptPhase phase(context_hooks(ctx_).selection.get());  // one pass: the text is a prompt
     for (size_t start = 0; start + 1 < tokens.size(); start += params_.n_batch) {
         // The last token needs no logits of its own: nothing follows it.
         int32_t n = (int32_t) std::min<size_t>(params_.n_batch, tokens.size() - 1 - start);

@@ -152,6 +152,16 @@ def test_scoring_after_a_prompt_uses_the_selection(si_model):
     assert np.abs(got - expected).max() < 2e-3
 
 
+def test_one_pass_scoring_is_a_prompt_after_generation_too(si_model):
+    """token_logprobs(text) in one pass computes every loaded neuron, also right after decode steps."""
+    with Model(si_model, n_ctx=128, compute_ratio=0.25) as fresh:
+        _, expected = fresh.token_logprobs(PROMPT)
+    with Model(si_model, n_ctx=128, compute_ratio=0.25) as m:
+        decode(m, m.tokenize("the north"), 3)  # a selection, and the engine in its decode phase
+        _, got = m.token_logprobs(PROMPT)
+    assert np.array_equal(got, expected)
+
+
 def test_coreinfer_mode_chooses_every_neuron_from_the_prompt(tmp_path, si_model):
     """CoreInfer: with a gamma = 1, delta = 0 file the prompt chooses all phi N neurons; on any file
     the static neurons are not kept and phi may go below delta."""
