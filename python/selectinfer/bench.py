@@ -5,12 +5,14 @@ falls on every model alike; the report gives medians and each model's ratio to t
 """
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
 
+from . import _native
 from .model import Model
 
 BENCH_TEXT = (
@@ -63,24 +65,24 @@ def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, r
     compute_ratios runs each SelectInfer model densely over its loaded neurons and at each phi."""
     if n_prompt < 1 or n_gen < 1 or repeats < 1:
         raise ValueError("n_prompt, n_gen and repeats must be >= 1")
-    configs = []
+    configs = []  # (label, path, Model keyword arguments, weight bytes a decode step reads)
     for p in paths:
-        selective = _is_selectinfer(p)
-        if selective and compute_ratios:
-            configs.append((f"{Path(p).name} (dense over loaded)", p, {"dense": True}))
-            configs += [(f"{Path(p).name} (phi {phi})", p, {"compute_ratio": phi}) for phi in compute_ratios]
+        header = _native.read_gguf_header(str(p))  # once per file
+        if "selectinfer.format_version" in header["kv"] and compute_ratios:
+            configs.append((f"{Path(p).name} (dense over loaded)", p, {"dense": True}, _bytes_read(header)))
+            configs += [(f"{Path(p).name} (phi {phi})", p, {"compute_ratio": phi}, _bytes_read(header, phi))
+                        for phi in compute_ratios]
         else:
-            configs.append((Path(p).name, p, {}))
+            configs.append((Path(p).name, p, {}, _bytes_read(header)))
         if profiling:
-            configs.append((f"{Path(p).name} (profiling)", p, {"profile": True}))
+            configs.append((f"{Path(p).name} (profiling)", p, {"profile": True}, _bytes_read(header)))
     models = []
     try:
-        for _, p, kwargs in configs:
+        for _, p, kwargs, _ in configs:
             models.append(Model(p, n_ctx=n_prompt + n_gen + 8, n_batch=max(n_prompt, 32), n_threads=n_threads,
                                 **kwargs))
-        results = [BenchResult(str(p), label, m.stats()["model_bytes"],
-                               bytes_read_per_token(p, None if kw.get("dense") else kw.get("compute_ratio")))
-                   for (label, p, kw), m in zip(configs, models)]
+        results = [BenchResult(str(p), label, m.stats()["model_bytes"], read)
+                   for (label, p, _, read), m in zip(configs, models)]
         prompts = [_prompt_tokens(m, n_prompt) for m in models]
         for m, prompt in zip(models, prompts):  # warm-up: page in the weights, fill caches
             m._set_sampling(0, 0, 1.0, 0)
@@ -100,9 +102,13 @@ def bytes_read_per_token(path, compute_ratio: float | None = None) -> int:
     """Weight bytes one decode step reads, the yardstick of a memory-bound decode (design.md §4):
     every matrix once, the token embedding only where it is also the output projection (tied);
     in a SelectInfer layer at compute ratio phi only the FFN rows computed (phi N of n_load)."""
-    from . import _native
+    return _bytes_read(_native.read_gguf_header(str(path)), compute_ratio)
 
-    header = _native.read_gguf_header(str(path))
+
+_SI_FFN = re.compile(r"blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down_t)\.weight")
+
+
+def _bytes_read(header: dict, compute_ratio: float | None = None) -> int:
     tensors = {t["name"]: t for t in header["tensors"]}
     n_original = int(header["kv"].get("selectinfer.original_feed_forward_length", 0))
     total = 0
@@ -110,19 +116,13 @@ def bytes_read_per_token(path, compute_ratio: float | None = None) -> int:
         if name == "token_embd.weight" and "output.weight" in tensors:
             continue  # only one row per token is read
         nbytes = t["nbytes"]
-        layer, _, kind = name.partition(".")[2].partition(".")
-        down_t = tensors.get(f"blk.{layer}.ffn_down_t.weight")
-        if compute_ratio is not None and down_t and kind.split(".")[0] in ("ffn_gate", "ffn_up", "ffn_down_t"):
+        ffn = _SI_FFN.fullmatch(name)
+        down_t = ffn and tensors.get(f"blk.{ffn.group(1)}.ffn_down_t.weight")
+        if compute_ratio is not None and down_t:  # an FFN matrix of a SelectInfer layer
             n_load = down_t["ne"][1]
             nbytes = nbytes * min(n_load, round(compute_ratio * n_original)) // n_load
         total += nbytes
     return total
-
-
-def _is_selectinfer(path) -> bool:
-    from . import _native
-
-    return "selectinfer.format_version" in _native.read_gguf_header(str(path))["kv"]
 
 
 def format_table(results: list[BenchResult]) -> str:
