@@ -33,7 +33,11 @@ std::string meta(const llama_model * model, const char * key) {
 
 float env_float(const char * name, float fallback) {
     const char * v = std::getenv(name);
-    return v && *v ? std::strtof(v, nullptr) : fallback;
+    if (!v || !*v) return fallback;
+    char * end = nullptr;
+    const float x = std::strtof(v, &end);
+    if (*end != '\0') throw std::invalid_argument(std::string(name) + "='" + v + "' is not a number");
+    return x;
 }
 
 bool env_flag(const char * name) {
@@ -48,14 +52,17 @@ std::unique_ptr<NeuronSelection> NeuronSelection::for_model(const llama_model * 
         return nullptr;
     }
     std::unique_ptr<NeuronSelection> s(new NeuronSelection(model));
-    SelectionConfig cfg;
-    cfg.compute_ratio = env_float("SELECTINFER_COMPUTE_RATIO", -1);
-    cfg.token_ratio   = env_float("SELECTINFER_TOKEN_RATIO", -1);
-    const char * by = std::getenv("SELECTINFER_SELECT_BY");
-    cfg.by_magnitude  = by && std::strcmp(by, "magnitude") == 0;
-    cfg.dense         = env_flag("SELECTINFER_DENSE");
-    cfg.coreinfer     = env_flag("SELECTINFER_COREINFER");
     try {
+        SelectionConfig cfg;
+        cfg.compute_ratio = env_float("SELECTINFER_COMPUTE_RATIO", -1);
+        cfg.token_ratio   = env_float("SELECTINFER_TOKEN_RATIO", -1);
+        const char * by = std::getenv("SELECTINFER_SELECT_BY");
+        if (by && *by && std::strcmp(by, "value") != 0 && std::strcmp(by, "magnitude") != 0) {
+            throw std::invalid_argument(std::string("SELECTINFER_SELECT_BY='") + by + "': use value or magnitude");
+        }
+        cfg.by_magnitude  = by && std::strcmp(by, "magnitude") == 0;
+        cfg.dense         = env_flag("SELECTINFER_DENSE");
+        cfg.coreinfer     = env_flag("SELECTINFER_COREINFER");
         s->configure(cfg);
     } catch (const std::invalid_argument & e) {
         // upstream's tools silence llama.cpp's log, where the failed context would be explained

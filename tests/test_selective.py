@@ -219,6 +219,17 @@ def test_environment_sets_the_knobs(si_model, monkeypatch):
     assert cfg["compute_ratio"] == pytest.approx(0.5) and cfg["select_by"] == "magnitude" and cfg["coreinfer"]
 
 
+@pytest.mark.parametrize("name,value,match", [
+    ("SELECTINFER_SELECT_BY", "size", "SELECTINFER_SELECT_BY='size': use value or magnitude"),
+    ("SELECTINFER_COMPUTE_RATIO", "0.4x", "SELECTINFER_COMPUTE_RATIO='0.4x' is not a number"),
+    ("SELECTINFER_COMPUTE_RATIO", "0.9", r"compute ratio \(phi\) 0.9 must lie between"),
+])
+def test_bad_environment_knobs(si_model, monkeypatch, name, value, match):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=match):
+        Model(si_model)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"compute_ratio": 0.1}, r"compute ratio \(phi\) 0.1 must lie between"),
     ({"compute_ratio": 0.9}, r"compute ratio \(phi\) 0.9 must lie between"),
