@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 PROMPT ?= The capital of France is
 
-.PHONY: demo test install install-test upstream dev clean
+.PHONY: demo test test-asan test-portable install install-test upstream dev clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,20 @@ upstream: install $(UPSTREAM)
 # (not through `upstream`: its plain install would replace the test install's tools)
 test: install-test $(UPSTREAM)
 	$(PY) -m pytest -v
+
+# The engine built with AddressSanitizer + UndefinedBehaviorSanitizer, and built portable
+# (AVX2, no AVX-512/AMX), each running the tests that find memory and CPU-specific bugs
+# (scripts/test_variant.sh; CI runs both after `make test`).
+# (the test dependencies come from the test install; the variants build their own engine)
+TEST_DEPS := $(PY) -c "import pytest, gguf, numpy" 2>/dev/null || $(MAKE) install-test
+
+test-asan: $(PY)
+	$(TEST_DEPS)
+	PY=$(PY) scripts/test_variant.sh sanitize
+
+test-portable: $(PY)
+	$(TEST_DEPS)
+	PY=$(PY) scripts/test_variant.sh portable
 
 # Developer loop: editable install with the build tree kept in build/; rerun after editing cpp/.
 dev: $(PY)

@@ -55,6 +55,7 @@ PYBIND11_MODULE(_native, m) {
     m.def("llama_version", [] { return std::string(llama_version()); });
     m.def("system_info", [] { return std::string(llama_print_system_info()); });
     m.def("process_rss_bytes", &process_rss_bytes);
+    m.def("extra_buffer_types", &cpu_extra_buffer_types);
     m.def("quantize_type_names", &quantize_type_names);
     m.def("quantize_model", &quantize_model, py::arg("input_path"), py::arg("output_path"), py::arg("type_name"),
           py::arg("n_threads") = 0, py::call_guard<py::gil_scoped_release>());
@@ -128,14 +129,19 @@ PYBIND11_MODULE(_native, m) {
         .def_readwrite("n_batch", &ModelParams::n_batch)
         .def_readwrite("n_threads", &ModelParams::n_threads)
         .def_readwrite("use_mmap", &ModelParams::use_mmap)
+        .def_readwrite("repack", &ModelParams::repack)
         .def_readwrite("flash_attn", &ModelParams::flash_attn)
         .def_readwrite("profile", &ModelParams::profile)
-        .def_readwrite("compute_ratio", &ModelParams::compute_ratio)
-        .def_readwrite("token_ratio", &ModelParams::token_ratio)
-        .def_readwrite("select_by_magnitude", &ModelParams::select_by_magnitude)
-        .def_readwrite("dense", &ModelParams::dense)
-        .def_readwrite("coreinfer", &ModelParams::coreinfer)
+        .def_readwrite("selection", &ModelParams::selection)
         .def_readwrite("verbose", &ModelParams::verbose);
+
+    py::class_<SelectionOverrides>(m, "SelectionOverrides")
+        .def(py::init<>())
+        .def_readwrite("compute_ratio", &SelectionOverrides::compute_ratio)
+        .def_readwrite("token_ratio", &SelectionOverrides::token_ratio)
+        .def_readwrite("by_magnitude", &SelectionOverrides::by_magnitude)
+        .def_readwrite("dense", &SelectionOverrides::dense)
+        .def_readwrite("coreinfer", &SelectionOverrides::coreinfer);
 
     py::class_<SamplingParams>(m, "SamplingParams")
         .def(py::init<>())
@@ -232,5 +238,6 @@ PYBIND11_MODULE(_native, m) {
              },
              py::arg("reset") = true)
         .def("describe", &Engine::describe)
+        .def("weight_buffers", &Engine::weight_buffers)
         .def("meta", &Engine::meta);
 }

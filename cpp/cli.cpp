@@ -51,6 +51,7 @@ const char * kUsage =
     "        --dense-ffn           SelectInfer: compute every loaded neuron (no selection)\n"
     "        --coreinfer           SelectInfer: CoreInfer mode, no static neurons (use a gamma 1, delta 0 file)\n"
     "        --no-mmap             read the weights into memory instead of mapping the file\n"
+    "        --repack, --no-repack let ggml repack weights for its faster kernels (AMX, CPU_REPACK), or not\n"
     "  -v,   --verbose             show llama.cpp's log\n"
     "  -h,   --help                show this help\n";
 
@@ -105,16 +106,18 @@ CliArgs parse_args(int argc, char ** argv) {
             else if (v == "auto") args.model.flash_attn = -1;
             else usage_error("invalid value '" + v + "' for " + a + " (on, off or auto)");
         }
-        else if (a == "--compute-ratio") args.model.compute_ratio = parse_number<float>(a, value(i));
-        else if (a == "--token-ratio") args.model.token_ratio = parse_number<float>(a, value(i));
+        else if (a == "--compute-ratio") args.model.selection.compute_ratio = parse_number<float>(a, value(i));
+        else if (a == "--token-ratio") args.model.selection.token_ratio = parse_number<float>(a, value(i));
         else if (a == "--select-by") {
             const std::string v = value(i);
             if (v != "value" && v != "magnitude") usage_error("invalid value '" + v + "' for --select-by (value or magnitude)");
-            args.model.select_by_magnitude = v == "magnitude";
+            args.model.selection.by_magnitude = v == "magnitude";
         }
-        else if (a == "--dense-ffn") args.model.dense = true;
-        else if (a == "--coreinfer") args.model.coreinfer = true;
+        else if (a == "--dense-ffn") args.model.selection.dense = true;
+        else if (a == "--coreinfer") args.model.selection.coreinfer = true;
         else if (a == "--no-mmap") args.model.use_mmap = false;
+        else if (a == "--repack") args.model.repack = true;
+        else if (a == "-nr" || a == "--no-repack") args.model.repack = false;
         else if (a == "-v" || a == "--verbose") args.model.verbose = true;
         else if (a == "-h" || a == "--help") args.show_help = true;
         else usage_error("unknown argument " + a);

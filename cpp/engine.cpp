@@ -1,7 +1,11 @@
 #include "engine.h"
 
 #include "activation_stats.h"
+#include "model_tensors.h"
 #include "neuron_selection.h"
+
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -118,6 +122,20 @@ std::pair<uint64_t, uint64_t> process_rss_bytes() {
     return {rss_kib * 1024, peak_kib * 1024};
 }
 
+std::vector<std::string> cpu_extra_buffer_types() {
+    init_backend_once(false);
+    std::vector<std::string> names;
+    ggml_backend_reg_t cpu = ggml_backend_reg_by_name("CPU");
+    auto get = cpu ? (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(
+                         cpu, "ggml_backend_dev_get_extra_bufts") : nullptr;
+    if (get) {
+        for (ggml_backend_buffer_type_t * b = get(ggml_backend_reg_dev_get(cpu, 0)); b && *b; ++b) {
+            names.emplace_back(ggml_backend_buft_name(*b));
+        }
+    }
+    return names;
+}
+
 void validate(const SamplingParams & p) {
     if (!std::isfinite(p.temperature) || p.temperature < 0) {
         throw std::invalid_argument("temperature must be >= 0 (0 = greedy), got " + std::to_string(p.temperature));
@@ -202,12 +220,15 @@ Engine::Engine(const ModelParams & params) : params_(params) {
 
     llama_model_params mp = llama_model_default_params();
     mp.load_mode = params_.use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
+    mp.use_extra_bufts = params_.repack;
     take_last_error();
     model_ = llama_model_load_from_file(params_.path.c_str(), mp);
     if (!model_) {
         std::string why = take_last_error();
+        // a SelectInfer refusal names its own fix; other failures get the usual suspects
+        const bool explained = why.find("selectinfer") != std::string::npos;
         throw ModelLoadError("failed to load model " + params_.path + (why.empty() ? "" : ": " + why) +
-                             " (is the file complete and a supported architecture?)");
+                             (explained ? "" : " (is the file complete and a supported architecture?)"));
     }
     vocab_ = llama_model_get_vocab(model_);
 
@@ -239,20 +260,15 @@ Engine::Engine(const ModelParams & params) : params_(params) {
 // Selective computation and profiling are set on the context's hooks before the first decode.
 void Engine::configure_hooks() {
     ContextHooks & hooks = context_hooks(ctx_);
-    const bool selection_asked = params_.compute_ratio >= 0 || params_.token_ratio >= 0 ||
-                                 params_.select_by_magnitude || params_.dense || params_.coreinfer;
+    const SelectionOverrides & asked = params_.selection;
+    const bool selection_asked = asked.compute_ratio || asked.token_ratio || asked.by_magnitude.value_or(false) ||
+                                 asked.dense.value_or(false) || asked.coreinfer.value_or(false);
     if (selection_asked && !hooks.selection) {
         throw std::invalid_argument("selective computation options need a SelectInfer GGUF (selectinfer convert); " +
                                     params_.path + " is a dense model");
     }
     if (hooks.selection) {
-        SelectionConfig cfg = hooks.selection->config();  // environment and file defaults
-        if (params_.compute_ratio >= 0) cfg.compute_ratio = params_.compute_ratio;
-        if (params_.token_ratio >= 0) cfg.token_ratio = params_.token_ratio;
-        cfg.by_magnitude = cfg.by_magnitude || params_.select_by_magnitude;
-        cfg.dense = cfg.dense || params_.dense;
-        cfg.coreinfer = cfg.coreinfer || params_.coreinfer;
-        hooks.selection->configure(cfg);
+        hooks.selection->configure(asked);
         all_outputs_ = hooks.selection->sparsifies_last_layer();
     }
     if (params_.profile) {
@@ -566,6 +582,10 @@ ActivationSums Engine::activation_sums(bool reset) {
         profiled_tokens_ = 0;
     }
     return out;
+}
+
+std::map<std::string, uint64_t> Engine::weight_buffers() const {
+    return weight_bytes_by_buffer(*model_);
 }
 
 std::string Engine::describe() const {

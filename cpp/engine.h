@@ -10,6 +10,7 @@
 #include "llama.h"
 
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -35,15 +36,16 @@ struct ModelParams {
     int32_t  n_batch   = 512;
     int32_t  n_threads = 0;     // 0: all hardware threads
     bool     use_mmap  = true;
+    // let ggml repack weights for its faster CPU kernels (AMX on Xeons that have it, CPU_REPACK
+    // for Q4_0/Q4_K/Q8_0 on AVX2): faster, but the repacked weights are a second copy in memory
+    // beside the mapped file (llama.cpp's --no-repack turns it off)
+    bool     repack    = true;
     int32_t  flash_attn = -1;   // -1 auto (llama.cpp's default), 0 off, 1 on
     bool     verbose   = false; // pass llama.cpp's log through to stderr
     bool     profile   = false; // accumulate FFN activation statistics (activation_stats.h)
-    // selective computation of SelectInfer models (neuron_selection.h); < 0: the file's default
-    float    compute_ratio = -1;  // phi
-    float    token_ratio   = -1;  // alpha
-    bool     select_by_magnitude = false;
-    bool     dense         = false; // compute every loaded neuron
-    bool     coreinfer     = false; // no static neurons: the prompt chooses every computed one
+    // selective computation of SelectInfer models (neuron_selection.h): what is set here
+    // overrides the SELECTINFER_* environment, which overrides the file's defaults
+    SelectionOverrides selection;
 };
 
 struct SamplingParams {
@@ -76,6 +78,10 @@ struct ChatMessage {
 
 // Resident set size of this process (now, peak) in bytes, from /proc.
 std::pair<uint64_t, uint64_t> process_rss_bytes();
+
+// The buffer types ggml's CPU backend can repack weights into on this machine ("AMX" when the
+// build has AMX kernels and the CPU and kernel allow them, "CPU_REPACK"), best first.
+std::vector<std::string> cpu_extra_buffer_types();
 
 // Writes `output_path` with the weights of `input_path` converted to `type_name` (F32, F16,
 // BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_M, Q4_K_M, Q5_K_M, Q6_K) with llama.cpp's
@@ -130,6 +136,7 @@ public:
     Stats stats() const;
     void reset_stats();
     std::string describe() const;  // one line: arch, size, type
+    std::map<std::string, uint64_t> weight_buffers() const;  // bytes of weights per buffer type
     std::string meta(const std::string & key) const;  // metadata value, "" when absent
 
     // --- selective computation (SelectInfer models) ---

@@ -2,16 +2,20 @@
 #include "ffn_hook.h"
 
 #include "activation_stats.h"
+#include "model_tensors.h"
 #include "neuron_selection.h"
+#include "si_gguf.h"
+#include "llama-adapter.h"
 #include "llama-context.h"
+#include "llama-impl.h"
 #include "llama-model.h"
 
 using selectinfer::ContextHooks;
 
-ggml_tensor * selectinfer_ffn_begin(void * hooks, ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il,
-                                    int64_t n_ubatch) {
+ggml_tensor * selectinfer_ffn_begin(void * hooks, ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res,
+                                    ggml_tensor * x, int il, int64_t n_ubatch) {
     auto * h = static_cast<ContextHooks *>(hooks);
-    return h->selection ? h->selection->build_ffn(ctx, gf, x, il, n_ubatch) : nullptr;
+    return h->selection ? h->selection->build_ffn(ctx, gf, res, x, il, n_ubatch) : nullptr;
 }
 
 ggml_tensor * selectinfer_ffn_hook(void * hooks, ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * act, int il) {
@@ -27,8 +31,41 @@ bool selectinfer_graph_reusable(void * hooks) {
     return !h->selection || h->selection->graph_reusable();
 }
 
-void * selectinfer_context_create(const llama_model * model) {
-    return new ContextHooks(model);
+void * selectinfer_context_create(const llama_model * model, uint32_t n_seq_max) {
+    auto hooks = std::make_unique<ContextHooks>(model);
+    if (hooks->selection && n_seq_max > 1) {
+        throw std::invalid_argument(
+            "a SelectInfer model keeps one neuron selection per context, so it serves one sequence: got n_seq_max " +
+            std::to_string(n_seq_max) + " (llama-server: -np 1; llama-perplexity: --batch-size equal to --ctx-size)");
+    }
+    return hooks.release();
+}
+
+bool selectinfer_adapters_supported(void * hooks, llama_adapter_lora ** adapters, size_t n_adapters,
+                                    const float * scales) {
+    auto * h = static_cast<ContextHooks *>(hooks);
+    const selectinfer::SiModelInfo * info = h ? selectinfer::si_model_info(*h->model) : nullptr;
+    if (!info) return true;
+    for (size_t i = 0; i < n_adapters; ++i) {
+        if (scales[i] == 0.0f) continue;  // not applied
+        for (const auto & [il, n_load] : info->n_load) {
+            const llama_layer & layer = h->model->layers[il];
+            for (ggml_tensor * w : {layer.ffn_gate, layer.ffn_up, layer.ffn_down_t}) {
+                if (adapters[i]->get_weight(w)) {
+                    LLAMA_LOG_ERROR("%s: the LoRA adapter changes %s, the FFN of a SelectInfer layer, which the sparse "
+                                    "ops compute without LoRA; apply the adapter to the original model before "
+                                    "converting it\n", __func__, w->name);
+                    return false;
+                }
+            }
+        }
+    }
+    return true;
+}
+
+std::shared_ptr<const void> selectinfer_model_loaded(const llama_model & model, const gguf_context * meta) {
+    selectinfer::check_model(model);
+    return selectinfer::read_si_model_info(model, meta);
 }
 
 void selectinfer_context_free(void * hooks) {

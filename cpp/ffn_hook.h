@@ -1,12 +1,15 @@
 // The one place where the patched llama.cpp calls into selectinfer (ggml-patches/).
 //
-// Every llama_context gets a ContextHooks (created and freed with the context, 0002; asked
-// before a graph is reused, 0004), and llm_graph_context::build_ffn calls it twice per layer
-// while a graph is built (0001): at the start, where a SelectInfer layer's FFN is built by
-// neuron_selection.cpp, and before the down projection of a dense layer, where profiling adds
-// its statistics.
+// The loader validates a SelectInfer GGUF once its tensors are loaded (0002, si_gguf.h). Every
+// llama_context gets a ContextHooks (created and freed with the context, asked before LoRA
+// adapters are set, 0002; asked before a graph is reused, 0004), and llm_graph_context::build_ffn
+// calls it twice per layer while a graph is built (0001): at the start, where a SelectInfer
+// layer's FFN is built by neuron_selection.cpp, and before the down projection of a dense layer,
+// where profiling adds its statistics. Nothing here throws while a graph is built: what could
+// fail is checked when the model loads and when the context is created.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
@@ -18,9 +21,11 @@ struct llama_model;
 
 // At the start of build_ffn (input x [n_embd, rows]; n_ubatch tokens in the batch, more than the
 // rows in the last layer, which sees only the output tokens): the whole FFN output of a
-// SelectInfer layer (selective computation, neuron_selection.h), or nullptr to go on.
-ggml_tensor * selectinfer_ffn_begin(void * hooks, ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il,
-                                    int64_t n_ubatch);
+// SelectInfer layer (selective computation, neuron_selection.h), or nullptr to go on. `res` is
+// the graph being built, to which the selection adds an input that sees every batch.
+class llm_graph_result;
+ggml_tensor * selectinfer_ffn_begin(void * hooks, ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res,
+                                    ggml_tensor * x, int il, int64_t n_ubatch);
 
 // Before the down projection of a dense layer (act [n_ff, n_tokens]): adds profiling nodes;
 // returns what the down projection consumes.
@@ -30,8 +35,23 @@ ggml_tensor * selectinfer_ffn_hook(void * hooks, ggml_context * ctx, ggml_cgraph
 // selection phase changed since it was built (neuron_selection.h).
 bool selectinfer_graph_reusable(void * hooks);
 
-void * selectinfer_context_create(const llama_model * model);
+// Creates a context's hooks; throws std::invalid_argument (the context is not created) for bad
+// SELECTINFER_* environment knobs or when a SelectInfer model is given more than one sequence.
+void * selectinfer_context_create(const llama_model * model, uint32_t n_seq_max);
 void   selectinfer_context_free(void * hooks);
+
+// Whether llama_set_adapters_lora may set these adapters: not when one changes a SelectInfer
+// layer's FFN, which the sparse ops compute without LoRA (the reason is logged).
+struct llama_adapter_lora;
+bool selectinfer_adapters_supported(void * hooks, llama_adapter_lora ** adapters, size_t n_adapters,
+                                    const float * scales);
+
+// After llama.cpp has loaded a model's tensors from the GGUF `meta` (0002): checks the tensor
+// types of any model (model_tensors.h), then returns the validated SelectInfer description of the
+// model (si_gguf.h), or null for a dense model. Throws std::runtime_error naming the tensor, key
+// or layer when the file is inconsistent; the load fails.
+struct gguf_context;
+std::shared_ptr<const void> selectinfer_model_loaded(const llama_model & model, const gguf_context * meta);
 
 namespace selectinfer {
 

@@ -3,7 +3,10 @@
 
 #include "ggml-backend.h"
 #include "ggml.h"
+#include "llama-batch.h"
+#include "llama-graph.h"
 #include "llama-model.h"
+#include "si_gguf.h"
 #include "sparse_ffn_ops.h"
 
 #include <algorithm>
@@ -19,51 +22,63 @@ namespace selectinfer {
 
 namespace {
 
-std::string meta(const llama_model * model, const char * key) {
-    std::string buf(256, '\0');
-    int32_t n = llama_model_meta_val_str(model, key, buf.data(), buf.size());
-    if (n < 0) return "";
-    if (n >= (int32_t) buf.size()) {
-        buf.resize(n + 1);
-        llama_model_meta_val_str(model, key, buf.data(), buf.size());
-    }
-    buf.resize(n);
-    return buf;
-}
-
-float env_float(const char * name, float fallback) {
+std::optional<float> env_float(const char * name) {
     const char * v = std::getenv(name);
-    if (!v || !*v) return fallback;
+    if (!v || !*v) return std::nullopt;
     char * end = nullptr;
     const float x = std::strtof(v, &end);
-    if (*end != '\0') throw std::invalid_argument(std::string(name) + "='" + v + "' is not a number");
+    if (*end != '\0' || !std::isfinite(x)) {
+        throw std::invalid_argument(std::string(name) + "='" + v + "' is not a number");
+    }
     return x;
 }
 
-bool env_flag(const char * name) {
+std::optional<bool> env_flag(const char * name) {
     const char * v = std::getenv(name);
-    return v && *v && std::strcmp(v, "0") != 0;
+    if (!v || !*v) return std::nullopt;
+    return std::strcmp(v, "0") != 0;
 }
+
+// phi and alpha when neither the file nor anyone else says: the authors' reference values,
+// phi 0.4 within [delta, gamma] and alpha 0.2
+constexpr float kDefaultComputeRatio = 0.4f;
+constexpr float kDefaultTokenRatio = 0.2f;
 
 }  // namespace
 
-std::unique_ptr<NeuronSelection> NeuronSelection::for_model(const llama_model * model) {
-    if (meta(model, "selectinfer.format_version").empty()) {
-        return nullptr;
-    }
-    std::unique_ptr<NeuronSelection> s(new NeuronSelection(model));
-    try {
-        SelectionConfig cfg;
-        cfg.compute_ratio = env_float("SELECTINFER_COMPUTE_RATIO", -1);
-        cfg.token_ratio   = env_float("SELECTINFER_TOKEN_RATIO", -1);
-        const char * by = std::getenv("SELECTINFER_SELECT_BY");
-        if (by && *by && std::strcmp(by, "value") != 0 && std::strcmp(by, "magnitude") != 0) {
+SelectionConfig SelectionOverrides::applied_to(SelectionConfig c) const {
+    if (compute_ratio) c.compute_ratio = *compute_ratio;
+    if (token_ratio) c.token_ratio = *token_ratio;
+    if (by_magnitude) c.by_magnitude = *by_magnitude;
+    if (dense) c.dense = *dense;
+    if (coreinfer) c.coreinfer = *coreinfer;
+    return c;
+}
+
+SelectionOverrides SelectionOverrides::from_environment() {
+    SelectionOverrides o;
+    o.compute_ratio = env_float("SELECTINFER_COMPUTE_RATIO");
+    o.token_ratio = env_float("SELECTINFER_TOKEN_RATIO");
+    if (const char * by = std::getenv("SELECTINFER_SELECT_BY"); by && *by) {
+        if (std::strcmp(by, "value") != 0 && std::strcmp(by, "magnitude") != 0) {
             throw std::invalid_argument(std::string("SELECTINFER_SELECT_BY='") + by + "': use value or magnitude");
         }
-        cfg.by_magnitude  = by && std::strcmp(by, "magnitude") == 0;
-        cfg.dense         = env_flag("SELECTINFER_DENSE");
-        cfg.coreinfer     = env_flag("SELECTINFER_COREINFER");
-        s->configure(cfg);
+        o.by_magnitude = std::strcmp(by, "magnitude") == 0;
+    }
+    o.dense = env_flag("SELECTINFER_DENSE");
+    o.coreinfer = env_flag("SELECTINFER_COREINFER");
+    return o;
+}
+
+std::unique_ptr<NeuronSelection> NeuronSelection::for_model(const llama_model * model) {
+    const SiModelInfo * info = si_model_info(*model);
+    if (!info) {
+        return nullptr;
+    }
+    std::unique_ptr<NeuronSelection> s(new NeuronSelection(model, *info));
+    try {
+        s->file_config_ = SelectionOverrides::from_environment().applied_to(s->file_config_);
+        s->apply(s->file_config_);
     } catch (const std::invalid_argument & e) {
         // upstream's tools silence llama.cpp's log, where the failed context would be explained
         std::fprintf(stderr, "selectinfer: %s (from the SELECTINFER_* environment)\n", e.what());
@@ -72,44 +87,35 @@ std::unique_ptr<NeuronSelection> NeuronSelection::for_model(const llama_model * 
     return s;
 }
 
-NeuronSelection::NeuronSelection(const llama_model * model) : model_(model) {
-    n_original_   = std::atoi(meta(model, "selectinfer.original_feed_forward_length").c_str());
-    load_ratio_   = std::strtof(meta(model, "selectinfer.load_ratio").c_str(), nullptr);
-    static_ratio_ = std::strtof(meta(model, "selectinfer.static_ratio").c_str(), nullptr);
-    const std::string phi = meta(model, "selectinfer.compute_ratio");
-    const std::string alpha = meta(model, "selectinfer.token_ratio");
-    // defaults of the authors' reference code: phi 0.4 (within [delta, gamma]), alpha 0.2
-    default_phi_   = phi.empty() ? std::min(load_ratio_, std::max(static_ratio_, 0.4f)) : std::strtof(phi.c_str(), nullptr);
-    default_alpha_ = alpha.empty() ? 0.2f : std::strtof(alpha.c_str(), nullptr);
-
-    // llama.cpp keeps no array metadata in the model: SelectInfer layers are those stored with
-    // ffn_down_t, and each has the same number of static neurons (the converter's rule)
-    const std::string n_static = meta(model, "selectinfer.static_count");
-    const int static_count = n_static.empty() ? (int) std::lround(static_ratio_ * n_original_) : std::atoi(n_static.c_str());
-    const int n_layer = (int) model->layers.size();
-    layer_index_.assign(n_layer, -1);
-    for (int il = 0; il < n_layer; ++il) {
-        if (!model->layers[il].ffn_down_t) continue;
+NeuronSelection::NeuronSelection(const llama_model * model, const SiModelInfo & info) : model_(model), info_(info) {
+    file_config_.compute_ratio = info.compute_ratio >= 0
+                                     ? info.compute_ratio
+                                     : std::min(info.load_ratio, std::max(info.static_ratio, kDefaultComputeRatio));
+    file_config_.token_ratio = info.token_ratio > 0 ? info.token_ratio : kDefaultTokenRatio;
+    layer_index_.assign(model->layers.size(), -1);
+    for (const auto & [il, n_load] : info.n_load) {
         Layer l;
         l.il = il;
-        l.n_load = (int) model->layers[il].ffn_down_t->ne[1];
-        l.n_static = std::min(static_count, l.n_load);
+        l.n_load = n_load;
+        l.n_static = info.n_static.at(il);
         layer_index_[il] = (int) layers_.size();
         layers_.push_back(l);
     }
 }
 
-void NeuronSelection::configure(const SelectionConfig & requested) {
-    SelectionConfig cfg = requested;
-    if (cfg.compute_ratio < 0) cfg.compute_ratio = default_phi_;
-    if (cfg.token_ratio < 0) cfg.token_ratio = default_alpha_;
-    const float eps = 0.5f / std::max(1, n_original_);
-    const float lowest = cfg.coreinfer ? eps : static_ratio_;  // CoreInfer keeps no static neuron
-    if (cfg.compute_ratio + eps < lowest || cfg.compute_ratio > load_ratio_ + eps) {
+void NeuronSelection::configure(const SelectionOverrides & overrides) {
+    apply(overrides.applied_to(file_config_));
+}
+
+void NeuronSelection::apply(const SelectionConfig & cfg) {
+    const int n_original = info_.n_original;
+    const float eps = 0.5f / std::max(1, n_original);
+    const float lowest = cfg.coreinfer ? eps : info_.static_ratio;  // CoreInfer keeps no static neuron
+    if (!(cfg.compute_ratio + eps >= lowest && cfg.compute_ratio <= info_.load_ratio + eps)) {
         std::ostringstream msg;
         msg << "compute ratio (phi) " << cfg.compute_ratio << " must lie between "
-            << (cfg.coreinfer ? "0 (CoreInfer mode)" : "the file's static ratio (delta) " + std::to_string(static_ratio_))
-            << " and the load ratio (gamma) " << load_ratio_;
+            << (cfg.coreinfer ? "0 (CoreInfer mode)" : "the file's static ratio (delta) " + std::to_string(info_.static_ratio))
+            << " and the load ratio (gamma) " << info_.load_ratio;
         throw std::invalid_argument(msg.str());
     }
     if (!(cfg.token_ratio > 0 && cfg.token_ratio <= 1)) {
@@ -119,19 +125,22 @@ void NeuronSelection::configure(const SelectionConfig & requested) {
     }
     config_ = cfg;
     for (Layer & l : layers_) {
-        l.n_select = std::max({1, kept_static(l), std::min(l.n_load, (int) std::lround(cfg.compute_ratio * n_original_))});
+        l.n_select = std::max({1, kept_static(l), std::min(l.n_load, (int) std::lround(cfg.compute_ratio * n_original))});
     }
     allocate();
 }
 
 void NeuronSelection::allocate() {
     std::vector<int> layers;
-    std::vector<int64_t> lengths;
+    std::vector<int64_t> n_select, n_load;
     for (const Layer & l : layers_) {
         layers.push_back(l.il);
-        lengths.push_back(l.n_select);
+        n_select.push_back(l.n_select);
+        n_load.push_back(l.n_load);
     }
-    ids_ = std::make_unique<LayerTensors>(model_, layers, GGML_TYPE_I32, lengths, "si_selected");
+    ids_ = std::make_unique<LayerTensors>(model_, layers, GGML_TYPE_I32, n_select, "si_selected");
+    counts_ = std::make_unique<LayerTensors>(model_, layers, GGML_TYPE_F32, n_load, "si_counts");
+    counts_->clear();
     // before any prompt: the static neurons and the best-ranked secondary ones (stored in that order)
     for (size_t i = 0; i < layers_.size(); ++i) {
         std::vector<int32_t> first(layers_[i].n_select);
@@ -140,8 +149,43 @@ void NeuronSelection::allocate() {
     }
 }
 
-ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il,
-                                         int64_t n_ubatch) const {
+void NeuronSelection::set_phase(Phase phase) {
+    if (phase == Phase::prompt) {
+        counts_->clear();  // a new prompt: its batches count from zero
+    }
+    phase_ = phase;
+}
+
+namespace {
+
+// A graph input that does not fill a tensor: it tells the selection about each batch the graph
+// is computed for, which graph building cannot (graphs are reused, and some are only reserved).
+class BatchWatcher : public llm_graph_input_i {
+public:
+    BatchWatcher(NeuronSelection * selection, bool prompt) : selection_(selection), prompt_(prompt) {}
+    void set_input(const llama_ubatch * ubatch) override {
+        selection_->on_batch(prompt_, ubatch->n_tokens > 0 && ubatch->pos ? ubatch->pos[0] : 0);
+    }
+    bool can_reuse(const llm_graph_params &) override { return true; }  // the phase decides (graph_reusable)
+
+private:
+    NeuronSelection * selection_;
+    bool prompt_;
+};
+
+}  // namespace
+
+void NeuronSelection::on_batch(bool prompt, int32_t first_position) {
+    // the engine says when a prompt starts (set_phase); other programs: a prompt batch at the
+    // start of the sequence or after decode steps
+    if (prompt && phase_ == Phase::by_batch_size && (first_position == 0 || !counting_)) {
+        counts_->clear();
+    }
+    counting_ = prompt;
+}
+
+ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res, ggml_tensor * x,
+                                         int il, int64_t n_ubatch) {
     if (il < 0 || il >= (int) layer_index_.size() || layer_index_[il] < 0) {
         return nullptr;
     }
@@ -151,6 +195,9 @@ ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, g
     // x has fewer rows than the batch in the last layer (only the output tokens reach it): the
     // batch size, not the rows, tells a prompt from a decode step
     const bool prompt = phase_ == Phase::prompt || (phase_ == Phase::by_batch_size && n_ubatch > 1);
+    if (&l == &layers_.front()) {
+        res->add_input(std::make_unique<BatchWatcher>(this, prompt));
+    }
     built_prompt_ = prompt;
     const bool all_loaded = config_.dense || l.n_select == l.n_load;
     if (!prompt && !all_loaded) {
@@ -160,9 +207,11 @@ ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, g
     // dense over the loaded neurons; a prompt selects its neurons in the same graph
     ggml_tensor * act = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, w.ffn_gate, x), ggml_mul_mat(ctx, w.ffn_up, x));
     if (prompt && !all_loaded) {
-        ggml_tensor * chosen = ggml_si_select(ctx, act, kept_static(l), l.n_select - kept_static(l),
-                                              config_.token_ratio, config_.by_magnitude);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, chosen, ids));
+        ggml_tensor * counts = (*counts_)[layer_index_[il]];
+        const SelectionNodes chosen = build_selection(ctx, act, counts, kept_static(l), l.n_select - kept_static(l),
+                                                      config_.token_ratio, config_.by_magnitude);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, chosen.counts, counts));
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, chosen.ids, ids));
     }
     return ggml_si_mul_rows_t(ctx, w.ffn_down_t, act, nullptr);
 }
@@ -186,6 +235,12 @@ ggml_tensor * build_sparse_ffn(ggml_context * ctx, ggml_tensor * gate, ggml_tens
         out = out ? ggml_add(ctx, out, part) : part;
     }
     return out;
+}
+
+SelectionNodes build_selection(ggml_context * ctx, ggml_tensor * act, ggml_tensor * counts, int n_static,
+                               int n_dynamic, float alpha, bool by_magnitude) {
+    ggml_tensor * counted = ggml_si_count(ctx, act, counts, alpha, by_magnitude);
+    return {counted, ggml_si_select(ctx, counted, n_static, n_dynamic)};
 }
 
 bool NeuronSelection::graph_reusable() const {

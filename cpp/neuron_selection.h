@@ -1,19 +1,23 @@
 // Selective computation (step 3 of the method): the FFN of a SelectInfer layer.
 //
 // Prefill runs dense over the loaded neurons and, in the same graph, selects the prompt's
-// neurons (ggml_si_select) into a per-layer I32 tensor that lives on the layer's device, like
-// the KV cache. Decode steps then compute only those neurons (build_sparse_ffn). The selection
-// stays fixed for the generation and is redone by the next prompt. When every loaded neuron is
-// computed (dense, or phi = gamma), decode uses the prompt's dense graph and nothing is selected.
+// neurons (ggml_si_count, ggml_si_select) into a per-layer I32 tensor that lives on the layer's
+// device, like the KV cache. Decode steps then compute only those neurons (build_sparse_ffn).
+// The selection stays fixed for the generation and is redone by the next prompt; a prompt
+// evaluated in several batches selects from all of them (its counts add up across the batches).
+// When every loaded neuron is computed (dense, or phi = gamma), decode uses the prompt's dense
+// graph and nothing is selected.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "layer_tensors.h"
 
+class llm_graph_result;
 struct ggml_cgraph;
 struct ggml_context;
 struct ggml_tensor;
@@ -21,13 +25,33 @@ struct llama_model;
 
 namespace selectinfer {
 
+struct SiModelInfo;
+
+// How a SelectInfer model computes its FFN at decode (the file's defaults, then the
+// SELECTINFER_* environment, then the caller's SelectionOverrides).
 struct SelectionConfig {
-    float compute_ratio = -1;    // phi, fraction of the original N computed per layer; < 0: file default
-    float token_ratio   = -1;    // alpha, k = round(alpha * mean positive activations); < 0: file default
+    float compute_ratio = -1;    // phi, fraction of the original N computed per layer
+    float token_ratio   = -1;    // alpha, k = round(alpha * mean positive activations)
     bool  by_magnitude  = false; // rank a token's neurons by |a| instead of a
     bool  dense         = false; // compute every loaded neuron (no selection)
     bool  coreinfer     = false; // CoreInfer: no static neurons, the prompt chooses all phi N (0 < phi <= gamma);
                                  // the method itself with a gamma = 1, delta = 0 file
+};
+
+// Settings given explicitly; an unset one keeps the value it overrides. The environment is read
+// into one (from_environment) and a program's own (Model(...), selectinfer-cli) applies after it.
+struct SelectionOverrides {
+    std::optional<float> compute_ratio;
+    std::optional<float> token_ratio;
+    std::optional<bool>  by_magnitude;
+    std::optional<bool>  dense;
+    std::optional<bool>  coreinfer;
+
+    bool empty() const { return !compute_ratio && !token_ratio && !by_magnitude && !dense && !coreinfer; }
+    SelectionConfig applied_to(SelectionConfig config) const;
+    // SELECTINFER_COMPUTE_RATIO, _TOKEN_RATIO, _SELECT_BY (value|magnitude), _DENSE, _COREINFER (0|1);
+    // throws std::invalid_argument naming a malformed variable.
+    static SelectionOverrides from_environment();
 };
 
 // A decode step's FFN of a SelectInfer layer over the selection ids (static rows 0..n_static-1
@@ -36,28 +60,42 @@ struct SelectionConfig {
 ggml_tensor * build_sparse_ffn(ggml_context * ctx, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down_t,
                                ggml_tensor * x, ggml_tensor * ids, int n_static, int n_dynamic);
 
+// A prompt batch's selection from its activations act [n_load, T]: the running counts (this
+// batch's votes added to `counts`, the previous batches'; nullptr: from zero) and the chosen rows.
+struct SelectionNodes {
+    ggml_tensor * counts;
+    ggml_tensor * ids;
+};
+SelectionNodes build_selection(ggml_context * ctx, ggml_tensor * act, ggml_tensor * counts, int n_static,
+                               int n_dynamic, float alpha, bool by_magnitude);
+
 class NeuronSelection {
 public:
-    // nullptr for a model without SelectInfer layers. Reads SELECTINFER_COMPUTE_RATIO,
-    // SELECTINFER_TOKEN_RATIO, SELECTINFER_SELECT_BY (value|magnitude), SELECTINFER_DENSE and
-    // SELECTINFER_COREINFER from the environment, so that any program using libllama
-    // (llama-bench, llama-perplexity, llama-server) can set them.
+    // nullptr for a model without SelectInfer layers. Applies the SELECTINFER_* environment, so
+    // that any program using libllama (llama-bench, llama-perplexity, llama-server) can set them.
     static std::unique_ptr<NeuronSelection> for_model(const llama_model * model);
 
-    // Validates and applies a configuration (call before the first decode); throws
-    // std::invalid_argument naming the bad value.
-    void configure(const SelectionConfig & config);
+    // Validates and applies a caller's settings over the file's and the environment's (call
+    // before the first decode); throws std::invalid_argument naming the bad value.
+    void configure(const SelectionOverrides & overrides);
     const SelectionConfig & config() const { return config_; }
 
     // What the next batches are. By default (programs that do not say, like llama.cpp's tools)
-    // a one-token batch is a decode step and any other batch a prompt; the engine says, so that
-    // a one-token prompt selects too.
+    // a one-token batch is a decode step and any other batch a prompt, and a prompt batch that
+    // starts at position 0 or follows a decode step starts a new prompt. The engine says, so that
+    // a one-token prompt selects too: prompt (a new prompt starts: its batches' counts add up from
+    // zero), then decode.
     enum class Phase { by_batch_size, prompt, decode };
-    void set_phase(Phase phase) { phase_ = phase; }
+    void set_phase(Phase phase);
+    // Called with every batch before it is computed (graphs reused included; not for the graphs
+    // llama.cpp only builds to reserve memory): starts a new prompt's counts when it is one.
+    void on_batch(bool prompt, int32_t first_position);
 
     // The FFN output of layer il for input x [n_embd, rows] of a batch of n_ubatch tokens, or
-    // nullptr for a dense layer.
-    ggml_tensor * build_ffn(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il, int64_t n_ubatch) const;
+    // nullptr for a dense layer. Each graph also gets an input of `res` that sees each of its
+    // batches before it is computed (on_batch).
+    ggml_tensor * build_ffn(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res, ggml_tensor * x, int il,
+                            int64_t n_ubatch);
     // Whether llama.cpp may reuse the last graph it built: not when the phase changed since
     // (a one-token prompt and a decode step have the same shapes but different graphs).
     bool graph_reusable() const;
@@ -77,18 +115,21 @@ private:
         int n_select = 0;
     };
     int kept_static(const Layer & l) const { return config_.coreinfer ? 0 : l.n_static; }
-    explicit NeuronSelection(const llama_model * model);
+    NeuronSelection(const llama_model * model, const SiModelInfo & info);
+    void apply(const SelectionConfig & config);
     void allocate();
 
     const llama_model * model_;
-    int n_original_ = 0;          // N: ratios are fractions of the original FFN width
-    float load_ratio_ = 0, static_ratio_ = 0, default_phi_ = 0, default_alpha_ = 0;
+    const SiModelInfo & info_;
+    SelectionConfig file_config_;  // the file's defaults and the environment
     SelectionConfig config_;
     Phase phase_ = Phase::by_batch_size;
-    mutable bool built_prompt_ = false;  // whether the last graph built was a prompt's
+    bool built_prompt_ = false;  // whether the last graph built was a prompt's
+    bool counting_ = false;      // whether the last batch computed was a prompt's (by_batch_size)
     std::vector<Layer> layers_;   // SelectInfer layers only
     std::vector<int> layer_index_;  // il -> index in layers_, -1 for dense layers
-    std::unique_ptr<LayerTensors> ids_;  // I32 [n_select] per SelectInfer layer: the selection
+    std::unique_ptr<LayerTensors> ids_;     // I32 [n_select] per SelectInfer layer: the selection
+    std::unique_ptr<LayerTensors> counts_;  // F32 [n_load] per SelectInfer layer: the prompt's votes so far
 };
 
 }  // namespace selectinfer

@@ -15,26 +15,80 @@
 
 namespace selectinfer {
 
+namespace {
+
+void require(bool ok, const std::string & what) {
+    if (!ok) throw std::invalid_argument(what);
+}
+
+// A tensor of the given type and shape holding `data`; the shape and size are checked first, so
+// that a bad argument is an exception rather than an assertion inside ggml.
+ggml_tensor * input_tensor(ggml_context * ctx, const OpInput & in) {
+    require(in.type >= 0 && in.type < GGML_TYPE_COUNT && ggml_get_type_traits((ggml_type) in.type)->blck_size > 0,
+            "unknown ggml type " + std::to_string(in.type));
+    require(!in.ne.empty() && in.ne.size() <= 2, "inputs are 1-D or 2-D");
+    for (int64_t n : in.ne) require(n > 0 && n < (int64_t(1) << 32), "every dimension must be in [1, 2^32)");
+    require(in.ne[0] % ggml_blck_size((ggml_type) in.type) == 0, "rows must hold whole blocks of the type");
+    ggml_tensor * x = ggml_new_tensor(ctx, (ggml_type) in.type, (int) in.ne.size(), in.ne.data());
+    require(ggml_nbytes(x) == in.data.size(), "input size does not match its shape and type");
+    std::memcpy(x->data, in.data.data(), in.data.size());
+    return x;
+}
+
+void require_f32(const ggml_tensor * t, const char * name) {
+    require(t->type == GGML_TYPE_F32, std::string(name) + " must be F32");
+}
+
+void require_row_ids(const ggml_tensor * ids, int64_t n_rows) {
+    require(ids->type == GGML_TYPE_I32 && ggml_n_dims(ids) == 1, "ids must be a 1-D I32 array");
+    const int32_t * id = (const int32_t *) ids->data;
+    for (int64_t j = 0; j < ids->ne[0]; ++j) {
+        require(id[j] >= 0 && id[j] < n_rows, "row id " + std::to_string(id[j]) + " outside [0, " +
+                                                  std::to_string(n_rows) + ")");
+    }
+}
+
+}  // namespace
+
 std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & inputs, int n_threads, int n_static,
                           int n_dynamic, float alpha, bool by_magnitude) {
+    require(n_threads >= 1 && n_threads <= 512, "n_threads must be in [1, 512]");
     size_t bytes = 16 * 1024 * 1024;
     for (const auto & in : inputs) bytes += in.data.size() * 2 + 1024;
     ggml_init_params params = {bytes * 4, nullptr, false};
     std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx(ggml_init(params), ggml_free);
     std::vector<ggml_tensor *> t;
-    for (const auto & in : inputs) {
-        ggml_tensor * x = ggml_new_tensor(ctx.get(), (ggml_type) in.type, (int) in.ne.size(), in.ne.data());
-        if (ggml_nbytes(x) != in.data.size()) throw std::invalid_argument("input size does not match its shape and type");
-        std::memcpy(x->data, in.data.data(), in.data.size());
-        t.push_back(x);
-    }
+    for (const auto & in : inputs) t.push_back(input_tensor(ctx.get(), in));
     ggml_tensor * out;
     if (op == "mul_rows" && t.size() == 3) {
+        require_f32(t[1], "x");
+        require(t[1]->ne[0] == t[0]->ne[0], "x must have the weight's row length");
+        require_row_ids(t[2], t[0]->ne[1]);
         out = ggml_si_mul_rows(ctx.get(), t[0], t[1], t[2]);
     } else if (op == "mul_rows_t" && (t.size() == 2 || t.size() == 3)) {
+        require_f32(t[1], "h");
+        if (t.size() == 3) {
+            require_row_ids(t[2], t[0]->ne[1]);
+            require(t[2]->ne[0] == t[1]->ne[0], "h must have one value per id");
+        } else {
+            require(t[1]->ne[0] <= t[0]->ne[1], "h has more values than the weight has rows");
+        }
         out = ggml_si_mul_rows_t(ctx.get(), t[0], t[1], t.size() == 3 ? t[2] : nullptr);
+    } else if (op == "count" && (t.size() == 1 || t.size() == 2)) {
+        require_f32(t[0], "act");
+        require(alpha >= 0 && alpha <= 1, "alpha must be in [0, 1]");
+        if (t.size() == 2) {
+            require_f32(t[1], "prev");
+            require(ggml_n_dims(t[1]) == 1 && t[1]->ne[0] == t[0]->ne[0], "prev must be [n_load]");
+        }
+        out = ggml_si_count(ctx.get(), t[0], t.size() == 2 ? t[1] : nullptr, alpha, by_magnitude);
     } else if (op == "select" && t.size() == 1) {
-        out = ggml_si_select(ctx.get(), t[0], n_static, n_dynamic, alpha, by_magnitude);
+        require_f32(t[0], "counts");
+        require(ggml_n_dims(t[0]) == 1, "counts must be 1-D");
+        require(n_static >= 0 && n_dynamic >= 0 && n_static + n_dynamic > 0 &&
+                    n_static + n_dynamic <= t[0]->ne[0],
+                "need 0 < n_static + n_dynamic <= n_load");
+        out = ggml_si_select(ctx.get(), t[0], n_static, n_dynamic);
     } else {
         throw std::invalid_argument("unknown op or wrong number of inputs: " + op);
     }
@@ -136,7 +190,8 @@ std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type
     if (n_tokens == 1) {  // the engine's decode graph: static block by mul_mat, dynamic rows by the sparse ops
         steps.push_back({"selected FFN", {build_sparse_ffn(c, gate_si, up_si, down_t, x, ids, (int) n_static, (int) (n_select - n_static))}});
     } else {  // a prompt computes the loaded layer and selects
-        steps.push_back({"selection", {ggml_si_select(c, leaf(n_load), (int) n_static, (int) (n_select - n_static), 0.2f, false)}});
+        steps.push_back({"selection", {build_selection(c, leaf(n_load), nullptr, (int) n_static, (int) (n_select - n_static),
+                                                       0.2f, false).ids}});
     }
     std::vector<std::pair<std::string, std::vector<double>>> times;
     std::vector<ggml_cgraph *> graphs;

@@ -14,8 +14,9 @@ struct OpInput {
     std::string          data;  // raw bytes in `type`
 };
 
-// op: "mul_rows" (w, x, ids), "mul_rows_t" (w, h, ids or none), "select" (act).
-// Returns the output's raw bytes.
+// op: "mul_rows" (w, x, ids), "mul_rows_t" (w, h, ids or none), "count" (act, prev or none; alpha,
+// by_magnitude), "select" (counts; n_static, n_dynamic). Returns the output's raw bytes; inputs
+// that do not fit the op are std::invalid_argument.
 std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & inputs, int n_threads,
                           int n_static = 0, int n_dynamic = 0, float alpha = 0.0f, bool by_magnitude = false);
 

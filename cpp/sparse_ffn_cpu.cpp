@@ -5,7 +5,8 @@
 //   mul_rows_t  one token: adds rows eight at a time with per-type loops that convert in
 //               registers (GCC vector extensions; F16 through F16C), other types row by row;
 //               several tokens: a blocked GEMM over F32 panels of the weight.
-//   select      the prompt's neuron selection: threads rank tokens in turn, one merges the counts.
+//   count       a prompt batch's votes: threads rank tokens in turn, then merge the counts by rows.
+//   select      the most counted neurons (one thread: a partial sort of n_load counts).
 #include "sparse_ffn_ops.h"
 
 #include "ggml-cpu-impl.h"
@@ -24,6 +25,17 @@ namespace {
 
 int64_t row_of(const ggml_tensor * ids, int64_t j) {
     return ids ? (int64_t) ((const int32_t *) ids->data)[j] : j;
+}
+
+// Every row id within the weight's rows (upstream's get_rows checks its indices the same way).
+void check_row_ids(const ggml_tensor * w, const ggml_tensor * ids, const char * op) {
+    if (!ids) return;
+    const int32_t * id = (const int32_t *) ids->data;
+    for (int64_t j = 0; j < ids->ne[0]; ++j) {
+        if (id[j] < 0 || id[j] >= w->ne[1]) {
+            GGML_ABORT("%s: row id %d outside the %lld rows of %s", op, id[j], (long long) w->ne[1], w->name);
+        }
+    }
 }
 
 // Columns [c0, c1) of t handled by thread ith: whole blocks of t's type.
@@ -341,6 +353,29 @@ void mul_rows_t_tokens(const ggml_compute_params * params, ggml_tensor * dst) {
     }
 }
 
+// One thread's scratch of the counting op: two float arrays and an int32 array of n_load.
+struct CountScratch {
+    float * value;     // the token's ranking key per neuron
+    float * partition; // a copy that nth_element reorders
+    int32_t * count;   // votes of this thread's tokens
+};
+
+size_t count_scratch_bytes(int64_t n_load) {
+    return (size_t) n_load * (2 * sizeof(float) + sizeof(int32_t));
+}
+
+CountScratch count_scratch(void * base, int64_t n_load) {
+    float * f = (float *) base;
+    return {f, f + n_load, (int32_t *) (f + 2 * n_load)};
+}
+
+// The key a token's neuron is ranked by: NaN below every number, so a broken activation is
+// never chosen over a real one and the sort's ordering stays strict.
+inline float rank_key(float a, bool by_magnitude) {
+    if (std::isnan(a)) return -INFINITY;
+    return by_magnitude ? std::fabs(a) : a;
+}
+
 }  // namespace
 
 extern "C" {
@@ -358,9 +393,11 @@ size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks) {
             const int64_t panel = PANEL_ROWS * std::max<int64_t>(64, ggml_blck_size(node->src[0]->type)) + 64;
             return (size_t) n_tasks * std::max<int64_t>(2 * (E + 64), panel) * sizeof(float);
         }
+        case GGML_OP_SI_COUNT:
+            // per thread: a positives count, then per neuron a value, a copy to partition and a count
+            return (size_t) n_tasks * (sizeof(int64_t) + count_scratch_bytes(node->src[0]->ne[0])) + 64;
         case GGML_OP_SI_SELECT:
-            // per thread: a positives count, and per neuron a value, an index and a count
-            return (size_t) n_tasks * (sizeof(int64_t) + node->src[0]->ne[0] * 3 * sizeof(int32_t)) + 64;
+            return (size_t) node->src[0]->ne[0] * sizeof(int32_t) + 64;  // candidate order
         default:
             return 0;
     }
@@ -375,6 +412,7 @@ void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params,
     const ggml_type vdt = traits->vec_dot_type;
     const size_t x_row = ggml_row_size(vdt, K);
     const int ith = params->ith, nth = params->nth;
+    check_row_ids(w, ids, "ggml_si_mul_rows");
 
     // float weights: the fused loop (several rows in flight); quantized ones: ggml's vec_dot
     // with a quantized x (integer dot products) is faster than converting the weights
@@ -412,6 +450,7 @@ void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params,
 }
 
 void ggml_si_compute_forward_mul_rows_t(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    check_row_ids(dst->src[0], dst->src[2], "ggml_si_mul_rows_t");
     if (dst->src[1]->ne[1] == 1) {
         mul_rows_t_one_token(params, dst);
     } else {
@@ -419,22 +458,20 @@ void ggml_si_compute_forward_mul_rows_t(const struct ggml_compute_params * param
     }
 }
 
-void ggml_si_compute_forward_select(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+void ggml_si_compute_forward_count(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
     const ggml_tensor * act = dst->src[0];
-    const int32_t n_static = ggml_get_op_params_i32(dst, 0);
-    const int32_t n_dynamic = ggml_get_op_params_i32(dst, 1);
-    const float alpha = ggml_get_op_params_f32(dst, 2);
-    const bool by_magnitude = ggml_get_op_params_i32(dst, 3) != 0;
+    const ggml_tensor * prev = dst->src[1];
+    const float alpha = ggml_get_op_params_f32(dst, GGML_SI_COUNT_ALPHA);
+    const bool by_magnitude = ggml_get_op_params_i32(dst, GGML_SI_COUNT_BY_MAGNITUDE) != 0;
     const int64_t n_load = act->ne[0], T = act->ne[1];
     const int ith = params->ith, nth = params->nth;
     auto token = [act](int64_t t) { return (const float *) ((const char *) act->data + t * act->nb[1]); };
 
-    // per thread: positives seen, then a value, an index and a count per neuron
     int64_t * positives = (int64_t *) params->wdata;
-    char * mine = (char *) params->wdata + nth * sizeof(int64_t) + ith * n_load * 3 * sizeof(int32_t);
-    float * value = (float *) mine;
-    int32_t * order = (int32_t *) (value + n_load);
-    int32_t * count = order + n_load;
+    auto scratch_of = [&](int i) {
+        return count_scratch((char *) params->wdata + nth * sizeof(int64_t) + i * count_scratch_bytes(n_load), n_load);
+    };
+    const CountScratch mine = scratch_of(ith);
 
     // k = round(alpha * mean number of positive activations per token); threads take tokens in turn
     positives[ith] = 0;
@@ -444,37 +481,49 @@ void ggml_si_compute_forward_select(const struct ggml_compute_params * params, s
     ggml_barrier(params->threadpool);
     int64_t all_positives = 0;
     for (int i = 0; i < nth; ++i) all_positives += positives[i];
-    const int64_t k = std::min<int64_t>(n_load, std::llround(alpha * (double) all_positives / (double) T));
+    const int64_t k = T == 0 ? 0 : std::min<int64_t>(n_load, std::llround(alpha * (double) all_positives / (double) T));
 
-    // a token's top k: the k-th largest value by nth_element on a copy, then every neuron above
-    // it and, among those equal to it, the lower rows until k are counted
-    std::fill(count, count + n_load, 0);
-    float * scratch = (float *) order;
+    // a token's top k: the k-th largest key by nth_element on a copy, then every neuron above it
+    // and, among those equal to it, the lower rows until k are counted
+    std::fill(mine.count, mine.count + n_load, 0);
     for (int64_t t = ith; t < T && k > 0; t += nth) {
         const float * a = token(t);
-        for (int64_t i = 0; i < n_load; ++i) value[i] = by_magnitude ? std::fabs(a[i]) : a[i];
-        std::copy(value, value + n_load, scratch);
-        std::nth_element(scratch, scratch + (k - 1), scratch + n_load, std::greater<float>());
-        const float kth = scratch[k - 1];
+        for (int64_t i = 0; i < n_load; ++i) mine.value[i] = rank_key(a[i], by_magnitude);
+        std::copy(mine.value, mine.value + n_load, mine.partition);
+        std::nth_element(mine.partition, mine.partition + (k - 1), mine.partition + n_load, std::greater<float>());
+        const float kth = mine.partition[k - 1];
         int64_t ties = k;
-        for (int64_t i = 0; i < n_load; ++i) ties -= value[i] > kth;
+        for (int64_t i = 0; i < n_load; ++i) ties -= mine.value[i] > kth;
         for (int64_t i = 0; i < n_load; ++i) {
-            if (value[i] > kth || (value[i] == kth && ties-- > 0)) count[i] += 1;
+            if (mine.value[i] > kth || (mine.value[i] == kth && ties-- > 0)) mine.count[i] += 1;
         }
     }
     ggml_barrier(params->threadpool);
-    if (ith != 0) {
+    // threads merge the counts, each a range of neurons, onto the previous batches' counts
+    const int64_t per = (n_load + nth - 1) / nth;
+    const int64_t i0 = std::min(n_load, per * ith), i1 = std::min(n_load, i0 + per);
+    float * out = (float *) dst->data;
+    const float * before = prev ? (const float *) prev->data : nullptr;
+    for (int64_t i = i0; i < i1; ++i) {
+        int64_t votes = 0;
+        for (int t = 0; t < nth; ++t) votes += scratch_of(t).count[i];
+        out[i] = (before ? before[i] : 0.0f) + (float) votes;
+    }
+}
+
+void ggml_si_compute_forward_select(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    if (params->ith != 0) {
         return;
     }
-    for (int i = 1; i < nth; ++i) {
-        const int32_t * theirs = (const int32_t *) ((const char *) params->wdata + nth * sizeof(int64_t) +
-                                                    i * n_load * 3 * sizeof(int32_t)) + 2 * n_load;
-        for (int64_t j = 0; j < n_load; ++j) count[j] += theirs[j];
-    }
-    // the n_dynamic most frequent non-static neurons; ties to the lower row
+    const float * counts = (const float *) dst->src[0]->data;
+    const int64_t n_load = dst->src[0]->ne[0];
+    const int32_t n_static = ggml_get_op_params_i32(dst, GGML_SI_SELECT_N_STATIC);
+    const int32_t n_dynamic = ggml_get_op_params_i32(dst, GGML_SI_SELECT_N_DYNAMIC);
+    // the n_dynamic most counted non-static neurons; ties to the lower row
+    int32_t * order = (int32_t *) params->wdata;
     const int64_t n_candidates = n_load - n_static;
     std::iota(order, order + n_candidates, n_static);
-    auto more = [count](int32_t x, int32_t y) { return count[x] > count[y] || (count[x] == count[y] && x < y); };
+    auto more = [counts](int32_t x, int32_t y) { return counts[x] > counts[y] || (counts[x] == counts[y] && x < y); };
     std::partial_sort(order, order + n_dynamic, order + n_candidates, more);
     std::sort(order, order + n_dynamic);
 

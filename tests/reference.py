@@ -125,3 +125,37 @@ def rope(x: np.ndarray, positions: np.ndarray, base: float, neox: bool) -> np.nd
     else:
         out[..., 0::2], out[..., 1::2] = ra, rb
     return out
+
+
+# --- the prompt's neuron selection, written plainly ------------------------------------------
+
+def reference_count(act: np.ndarray, alpha: float, by_magnitude: bool, prev: np.ndarray | None = None) -> np.ndarray:
+    """Votes of one batch of prompt tokens, act [T, n_load]: each token's top k neurons by value
+    (or |value|), k = round(alpha * mean positive activations per token of the batch), ties to the
+    lower row, NaN below every number; added to the previous batches' counts `prev`."""
+    n_tokens, n_load = act.shape
+    k = min(n_load, int(np.floor(alpha * (act > 0).sum() / n_tokens + 0.5)))
+    counts = np.zeros(n_load) if prev is None else np.array(prev, dtype=np.float64)
+    for t in range(n_tokens):
+        v = np.abs(act[t]) if by_magnitude else act[t]
+        v = np.where(np.isnan(v), -np.inf, v)
+        order = sorted(range(n_load), key=lambda i: (-v[i], i))  # value desc, lower index first
+        counts[order[:k]] += 1
+    return counts
+
+
+def reference_choose(counts: np.ndarray, n_static: int, n_dynamic: int) -> list[int]:
+    """The static rows, then the n_dynamic most counted others (ties to the lower row), ascending."""
+    candidates = sorted(range(n_static, len(counts)), key=lambda i: (-counts[i], i))
+    return list(range(n_static)) + sorted(candidates[:n_dynamic])
+
+
+def reference_select(act: np.ndarray, n_static: int, n_dynamic: int, alpha: float, by_magnitude: bool,
+                     n_batch: int | None = None) -> list[int]:
+    """The selection of a prompt act [T, n_load] evaluated in batches of n_batch tokens (one batch
+    when None): votes counted per batch and added up, then the most counted rows."""
+    n_batch = n_batch or act.shape[0]
+    counts = None
+    for start in range(0, act.shape[0], n_batch):
+        counts = reference_count(act[start:start + n_batch], alpha, by_magnitude, counts)
+    return reference_choose(counts, n_static, n_dynamic)

@@ -2,7 +2,7 @@
 import pytest
 from gguf import GGUFReader
 
-from conftest import make_si_model
+from helpers import make_si_model
 
 from selectinfer.bench import bytes_read_per_token, format_table, run_bench
 

@@ -3,9 +3,8 @@ decode against the reference with the same masks, phi = gamma against dense-over
 import numpy as np
 import pytest
 from gguf import GGUFReader
-from conftest import make_si_model
-from reference import ReferenceModel, rms_norm
-from test_sparse_ops import reference_select
+from helpers import make_si_model
+from reference import ReferenceModel, reference_select, rms_norm
 
 from selectinfer import Model
 from selectinfer.convert import convert
@@ -134,6 +133,25 @@ def test_every_prompt_selects_over_all_its_tokens(si_model):
                 assert ids.tolist() == expected, f"layer {il}, extended prompt"
 
 
+def test_a_prompt_in_several_batches_selects_from_all_of_them(si_model):
+    """A prompt longer than n_batch is evaluated in batches; their votes add up (k per batch), so the
+    selection is the reference's over the whole prompt, not the last batch's."""
+    ref = ReferenceModel.load(si_model)
+    n_static, n_select, n_batch = round(0.25 * 256), round(0.5 * 256), 6
+    with Model(si_model, n_ctx=128) as m:
+        prompt = m.tokenize(PROMPT + " " + PROMPT)[:17]  # three batches: 6 + 6 + 5 tokens
+    _, acts = forward_with_masks(ref, prompt, len(prompt), {}, set())
+    with Model(si_model, n_ctx=128, n_batch=n_batch, compute_ratio=0.5, token_ratio=0.5) as m:
+        for _ in range(2):  # the second prompt counts from zero again
+            decode(m, prompt, 2)
+            selected = m.selected_neurons()
+            for il in (1, 2):
+                whole = reference_select(acts[il], n_static, n_select - n_static, 0.5, False, n_batch=n_batch)
+                last_batch = reference_select(acts[il][12:], n_static, n_select - n_static, 0.5, False)
+                assert whole != last_batch, "the prompt does not tell the two apart"
+                assert selected[il].tolist() == whole, f"layer {il}"
+
+
 def test_scoring_after_a_prompt_uses_the_selection(si_model):
     """token_logprobs(n_prompt=...) scores each later token as a decode step with the prompt's neurons."""
     ref = ReferenceModel.load(si_model)
@@ -219,9 +237,25 @@ def test_environment_sets_the_knobs(si_model, monkeypatch):
     assert cfg["compute_ratio"] == pytest.approx(0.5) and cfg["select_by"] == "magnitude" and cfg["coreinfer"]
 
 
+def test_explicit_settings_override_the_environment(si_model, monkeypatch):
+    """What Model(...) says wins over SELECTINFER_*, False and "value" included; None keeps it."""
+    for name, value in [("SELECTINFER_COMPUTE_RATIO", "0.5"), ("SELECTINFER_SELECT_BY", "magnitude"),
+                        ("SELECTINFER_DENSE", "1"), ("SELECTINFER_COREINFER", "1")]:
+        monkeypatch.setenv(name, value)
+    with Model(si_model, compute_ratio=0.3, select_by="value", dense=False, coreinfer=False) as m:
+        cfg = m.selection_config()
+    assert cfg == {"compute_ratio": pytest.approx(0.3), "token_ratio": pytest.approx(0.2), "select_by": "value",
+                   "dense": False, "coreinfer": False}
+    with Model(si_model) as m:
+        cfg = m.selection_config()
+    assert cfg["compute_ratio"] == pytest.approx(0.5) and cfg["select_by"] == "magnitude"
+    assert cfg["dense"] and cfg["coreinfer"]
+
+
 @pytest.mark.parametrize("name,value,match", [
     ("SELECTINFER_SELECT_BY", "size", "SELECTINFER_SELECT_BY='size': use value or magnitude"),
     ("SELECTINFER_COMPUTE_RATIO", "0.4x", "SELECTINFER_COMPUTE_RATIO='0.4x' is not a number"),
+    ("SELECTINFER_TOKEN_RATIO", "nan", "SELECTINFER_TOKEN_RATIO='nan' is not a number"),
     ("SELECTINFER_COMPUTE_RATIO", "0.9", r"compute ratio \(phi\) 0.9 must lie between"),
 ])
 def test_bad_environment_knobs(si_model, monkeypatch, name, value, match):
@@ -234,6 +268,7 @@ def test_bad_environment_knobs(si_model, monkeypatch, name, value, match):
     ({"compute_ratio": 0.1}, r"compute ratio \(phi\) 0.1 must lie between"),
     ({"compute_ratio": 0.9}, r"compute ratio \(phi\) 0.9 must lie between"),
     ({"token_ratio": 0.0}, r"token ratio \(alpha\) must be in \(0, 1\]"),
+    ({"compute_ratio": float("nan")}, r"compute_ratio must be in \[0, 1\]"),
     ({"select_by": "size"}, "select_by must be"),
 ])
 def test_bad_knobs(si_model, kwargs, match):

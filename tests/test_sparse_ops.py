@@ -5,13 +5,16 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
+from reference import reference_choose, reference_count, reference_select
+
 from selectinfer import _native
 
-TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
-BLOCK = {"F32": 1, "F16": 1, "BF16": 1, "Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q4_K": 256, "Q6_K": 256}
+# every weight type a SelectInfer layer may hold (the loader refuses others: cpp/si_gguf.cpp)
+TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+BLOCK = {t: 1 if t in ("F32", "F16", "BF16") else 256 if t.endswith("_K") else 32 for t in TYPES}
 # relative error bound of each op's result for a weight type; the activations of mul_rows are
 # converted to the type's vec_dot type (Q8 for quantized weights, F16/BF16 for half types)
-BOUND = {"F32": 1e-5, "F16": 5e-3, "BF16": 2e-2, "Q8_0": 2e-2, "Q4_0": 2e-2, "Q4_1": 2e-2, "Q4_K": 2e-2, "Q6_K": 2e-2}
+BOUND = {t: 1e-5 if t == "F32" else 5e-3 if t == "F16" else 2e-2 for t in TYPES}
 
 
 def weights(type_name, rows, cols, seed):
@@ -80,42 +83,82 @@ def test_mul_rows_t(type_name, n_tokens, n_threads, with_ids, size):
     assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()
 
 
-def reference_select(act, n_static, n_dynamic, alpha, by_magnitude):
-    """The selection algorithm, written plainly: act is numpy [T, n_load]."""
-    n_tokens, n_load = act.shape
-    k = min(n_load, int(np.floor(alpha * (act > 0).sum() / n_tokens + 0.5)))
-    counts = np.zeros(n_load, dtype=np.int64)
-    for t in range(n_tokens):
-        v = np.abs(act[t]) if by_magnitude else act[t]
-        order = sorted(range(n_load), key=lambda i: (-v[i], i))  # value desc, lower index first
-        counts[order[:k]] += 1
-    candidates = sorted(range(n_static, n_load), key=lambda i: (-counts[i], i))
-    return list(range(n_static)) + sorted(candidates[:n_dynamic])
+def run_count(act, alpha, by_magnitude, n_threads, prev=None):
+    inputs = [f32(act)] + ([f32(prev)] if prev is not None else [])
+    return out_f32(_native.run_sparse_op("count", inputs, n_threads, alpha=alpha, by_magnitude=by_magnitude),
+                   (act.shape[1],))
+
+
+def run_select(counts, n_static, n_dynamic):
+    raw = _native.run_sparse_op("select", [f32(counts)], 1, n_static, n_dynamic)
+    return np.frombuffer(raw, dtype=np.int32).tolist()
 
 
 @pytest.mark.parametrize("by_magnitude", [False, True])
 @pytest.mark.parametrize("n_tokens", [1, 9])
 @pytest.mark.parametrize("alpha", [0.2, 0.5, 1.0])
-@pytest.mark.parametrize("n_threads", [1, 3])  # threads rank tokens in turn, then counts merge
-def test_select_matches_reference(by_magnitude, n_tokens, alpha, n_threads):
+@pytest.mark.parametrize("n_threads", [1, 3])  # threads rank tokens in turn, then merge the counts
+def test_count_matches_reference(by_magnitude, n_tokens, alpha, n_threads):
     rng = np.random.default_rng(5)
-    n_load, n_static, n_dynamic = 53, 11, 17
-    act = rng.standard_normal((n_tokens, n_load)).astype(np.float32)
+    act = rng.standard_normal((n_tokens, 53)).astype(np.float32)
     act[:, 20:23] = act[:, 20:21]  # ties in value
-    got = np.frombuffer(_native.run_sparse_op("select", [f32(act)], n_threads, n_static, n_dynamic, alpha,
-                                              by_magnitude), dtype=np.int32)
-    assert got.tolist() == reference_select(act, n_static, n_dynamic, alpha, by_magnitude)
+    prev = rng.integers(0, 5, 53).astype(np.float32)
+    assert run_count(act, alpha, by_magnitude, n_threads).tolist() == reference_count(act, alpha, by_magnitude).tolist()
+    assert run_count(act, alpha, by_magnitude, n_threads, prev).tolist() == \
+        reference_count(act, alpha, by_magnitude, prev).tolist()
+
+
+def test_count_ranks_nan_below_every_number():
+    act = np.random.default_rng(7).standard_normal((6, 40)).astype(np.float32)
+    act[:, ::3] = np.nan
+    act[2, :] = np.nan  # a token with nothing but NaN: k of them are counted, lower rows first
+    for by_magnitude in (False, True):
+        assert run_count(act, 0.5, by_magnitude, 2).tolist() == reference_count(act, 0.5, by_magnitude).tolist()
+
+
+@pytest.mark.parametrize("n_static,n_dynamic", [(11, 17), (0, 30), (5, 0), (0, 53)])
+def test_select_matches_reference(n_static, n_dynamic):
+    counts = np.random.default_rng(8).integers(0, 6, 53).astype(np.float32)  # many ties
+    assert run_select(counts, n_static, n_dynamic) == reference_choose(counts, n_static, n_dynamic)
+
+
+def test_batches_add_up_to_the_prompts_selection():
+    """A prompt in three batches: the running counts of each batch feed the next, and the selection
+    from the last equals the reference's over the whole prompt."""
+    act = np.random.default_rng(9).standard_normal((23, 61)).astype(np.float32)
+    counts = None
+    for start in range(0, 23, 8):
+        counts = run_count(act[start:start + 8], 0.3, False, 2, counts)
+    assert run_select(counts, 7, 19) == reference_select(act, 7, 19, 0.3, False, n_batch=8)
 
 
 def test_select_with_no_positive_activation_keeps_best_ranked():
     act = -np.abs(np.random.default_rng(6).standard_normal((4, 20))).astype(np.float32)
-    got = np.frombuffer(_native.run_sparse_op("select", [f32(act)], 1, 3, 5, 0.2, False), dtype=np.int32)
-    assert got.tolist() == [0, 1, 2, 3, 4, 5, 6, 7]  # k = 0: no votes, ties to the lower (better-ranked) rows
+    counts = run_count(act, 0.2, False, 1)
+    assert counts.tolist() == [0.0] * 20  # k = 0: no votes
+    assert run_select(counts, 3, 5) == [0, 1, 2, 3, 4, 5, 6, 7]  # ties to the lower (better-ranked) rows
 
 
-def test_op_shape_errors():
+def test_op_argument_errors():
+    """Arguments that do not fit an op are exceptions, not assertions inside ggml."""
     w, _ = weights("F32", 8, 64, 0)
-    with pytest.raises(ValueError, match="input size"):
-        _native.run_sparse_op("mul_rows", [w, (int(T.F32), [64, 1], b"\0" * 10), i32([1])], 1)
-    with pytest.raises(ValueError, match="unknown op"):
-        _native.run_sparse_op("nope", [w], 1)
+    x = f32(np.ones((1, 64)))
+    bad = [
+        (("mul_rows", [w, (int(T.F32), [64, 1], b"\0" * 10), i32([1])], 1), "input size"),
+        (("nope", [w], 1), "unknown op"),
+        (("mul_rows", [w, x, i32([8])], 1), "row id 8 outside"),
+        (("mul_rows", [w, x, i32([-1])], 1), "row id -1 outside"),
+        (("mul_rows", [w, f32(np.ones((1, 32))), i32([1])], 1), "row length"),
+        (("mul_rows_t", [w, f32(np.ones((1, 2))), i32([1, 9])], 1), "row id 9 outside"),
+        (("mul_rows_t", [w, f32(np.ones((1, 9)))], 1), "more values than the weight has rows"),
+        (("count", [f32(np.ones((2, 5))), f32(np.ones(4))], 1, 0, 0, 0.5), "prev must be"),
+        (("count", [f32(np.ones((2, 5)))], 1, 0, 0, 1.5), "alpha"),
+        (("select", [f32(np.ones(5))], 1, 3, 3), "n_static \\+ n_dynamic"),
+        (("select", [f32(np.ones(5))], 1, -1, 2), "n_static \\+ n_dynamic"),
+        (("mul_rows", [(int(T.Q4_0), [48, 2], b"\0" * 100), x, i32([0])], 1), "whole blocks"),
+        (("mul_rows", [(999, [64, 2], b""), x, i32([0])], 1), "unknown ggml type"),
+        (("mul_rows", [w, x, i32([0])], 0), "n_threads"),
+    ]
+    for args, match in bad:
+        with pytest.raises(ValueError, match=match):
+            _native.run_sparse_op(*args)

@@ -9,7 +9,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import _tool, make_si_model
+from helpers import make_si_model, tool
 
 from selectinfer import Model
 
@@ -24,7 +24,7 @@ def si_model(tmp_path_factory):
 
 
 def run_tool(name, *args, env=None, timeout=300):
-    return subprocess.run([_tool(name), *map(str, args)], capture_output=True, text=True, errors="replace",
+    return subprocess.run([tool(name), *map(str, args)], capture_output=True, text=True, errors="replace",
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
@@ -76,7 +76,7 @@ def test_llama_server_generates_what_the_engine_generates(si_model, knobs, kwarg
     """Greedy tokens from llama-server with the environment knobs equal Model's with the same knobs:
     the server's prompt selects and its decode steps compute the selected neurons."""
     port = free_port()
-    server = subprocess.Popen([_tool("llama-server"), "-m", str(si_model), "--port", str(port), "-np", "1", "-c", "256",
+    server = subprocess.Popen([tool("llama-server"), "-m", str(si_model), "--port", str(port), "-np", "1", "-c", "256",
                                "-t", "1", "--no-webui"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               env={**os.environ, **knobs})
     try:
@@ -108,3 +108,44 @@ def test_llama_server_generates_what_the_engine_generates(si_model, knobs, kwarg
             expected.append(t)
             m.engine.eval_token(t)
     assert reply["tokens"] == expected
+
+
+def test_more_than_one_sequence_is_refused_with_the_fix(si_model):
+    """One selection per context: llama-server with two slots would mix their tokens in it."""
+    r = run_tool("llama-server", "-m", si_model, "--port", str(free_port()), "-np", "2", "-c", "256", "-t", "1",
+                 "--no-webui", timeout=120)
+    assert r.returncode != 0
+    assert "serves one sequence: got n_seq_max 2 (llama-server: -np 1" in r.stdout + r.stderr
+
+
+def lora_adapter(path, target: str, n_in: int, n_out: int, rank: int = 4):
+    """A LoRA adapter GGUF (llama.cpp's format) that changes one weight of the tiny llama."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "llama")
+    w.add_string("general.type", "adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", float(rank))
+    rng = np.random.default_rng(0)
+    w.add_tensor(f"{target}.lora_a", rng.standard_normal((rank, n_in)).astype(np.float32))
+    w.add_tensor(f"{target}.lora_b", rng.standard_normal((n_out, rank)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_lora_adapter_for_a_selectinfer_layer_is_refused(si_model, tmp_path):
+    """The sparse ops compute a SelectInfer layer's FFN without LoRA: llama_set_adapters_lora refuses
+    such an adapter (logged), where one for a dense layer is taken."""
+    text = tmp_path / "text.txt"
+    text.write_text((PROMPT + " ") * 10)
+    args = ["-f", text, "-c", "32", "-b", "32", "-t", "1", "--chunks", "1"]
+    sparse = lora_adapter(tmp_path / "sparse.gguf", "blk.1.ffn_up.weight", 64, 192)  # layers 0..1 are SelectInfer
+    r = run_tool("llama-perplexity", "-m", si_model, "--lora", sparse, *args)
+    assert "the LoRA adapter changes blk.1.ffn_up.weight, the FFN of a SelectInfer layer" in r.stderr, r.stderr[-2000:]
+    dense = lora_adapter(tmp_path / "dense.gguf", "blk.2.ffn_up.weight", 64, 256)  # layer 2 stays dense
+    r = run_tool("llama-perplexity", "-m", si_model, "--lora", dense, *args)
+    assert r.returncode == 0 and "SelectInfer layer" not in r.stderr, r.stderr[-2000:]

@@ -81,6 +81,20 @@ def _cmd_models(args: argparse.Namespace) -> None:
 def _cmd_info(args: argparse.Namespace) -> None:
     print(f"llama.cpp {_native.llama_version()}")
     print(_native.system_info())
+    info = _native.system_info()
+    extra = _native.extra_buffer_types()
+    amx = ("used: quantized weights are repacked into the AMX buffer" if "AMX" in extra else
+           "compiled in, not usable here (the CPU or the kernel does not allow it)" if "AMX_INT8 = 1" in info else
+           "not compiled in (the build's CPU has no AMX, or its compiler miscompiles the tile configuration)")
+    print(f"AMX: {amx}")
+    print(f"weight repacking (repack=True, the default): {', '.join(extra) or 'none on this CPU'}")
+    if args.model:
+        from .model import Model
+
+        for repack in (True, False):
+            with Model(args.model, n_ctx=256, repack=repack) as m:
+                where = ", ".join(f"{name} {n / 2**20:.1f} MiB" for name, n in sorted(m.weight_buffers().items()))
+            print(f"{args.model} weights with repack={repack}: {where}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,7 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_random_model)
 
     sub.add_parser("models", help="list the registry models").set_defaults(func=_cmd_models)
-    sub.add_parser("info", help="llama.cpp version and CPU features").set_defaults(func=_cmd_info)
+    p = sub.add_parser("info", help="llama.cpp version, CPU features, AMX and weight repacking")
+    p.add_argument("model", nargs="?", help="also show where this model's weights go, with and without repacking")
+    p.set_defaults(func=_cmd_info)
     return parser
 
 

@@ -63,19 +63,22 @@ class Model:
         n_threads: CPU threads; 0 uses all hardware threads.
         seed: default sampling seed; -1 draws a fresh one for every generation.
         use_mmap: map the weights from the file instead of reading them into memory.
+        repack: let ggml repack weights for its faster CPU kernels (AMX, CPU_REPACK); the repacked
+            weights are a second copy beside the mapped file (see `weight_buffers`).
         flash_attn: None lets llama.cpp decide (its default), True/False forces it on/off.
         profile: accumulate FFN activation statistics while evaluating (see `activation_sums`).
         compute_ratio, token_ratio, select_by, dense, coreinfer: selective computation of a
             SelectInfer GGUF (phi, alpha, "value" or "magnitude", compute every loaded neuron,
-            CoreInfer mode: no static neurons, for a gamma = 1, delta = 0 file); None uses the
-            file's defaults (or the SELECTINFER_* environment variables).
+            CoreInfer mode: no static neurons, for a gamma = 1, delta = 0 file); a value given here
+            overrides the SELECTINFER_* environment variables, None keeps them (or the file's defaults).
         verbose: let llama.cpp log to stderr.
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 2048, n_batch: int = 512,
-                 n_threads: int = 0, seed: int = -1, use_mmap: bool = True, flash_attn: bool | None = None,
+                 n_threads: int = 0, seed: int = -1, use_mmap: bool = True, repack: bool = True,
+                 flash_attn: bool | None = None,
                  profile: bool = False, compute_ratio: float | None = None, token_ratio: float | None = None,
-                 select_by: str | None = None, dense: bool = False, coreinfer: bool = False,
+                 select_by: str | None = None, dense: bool | None = None, coreinfer: bool | None = None,
                  verbose: bool = False):
         self.model_path = os.fspath(model_path)
         if not os.path.isfile(self.model_path):
@@ -84,7 +87,7 @@ class Model:
         params = _native.ModelParams()
         params.path = self.model_path
         params.n_ctx, params.n_batch, params.n_threads = n_ctx, n_batch, n_threads
-        params.use_mmap, params.verbose = use_mmap, verbose
+        params.use_mmap, params.repack, params.verbose = use_mmap, repack, verbose
         params.flash_attn = -1 if flash_attn is None else int(bool(flash_attn))
         params.profile = profile
         if select_by not in (None, "value", "magnitude"):
@@ -92,11 +95,13 @@ class Model:
         for name, value in (("compute_ratio", compute_ratio), ("token_ratio", token_ratio)):
             if value is not None and not 0 <= value <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
-        params.compute_ratio = -1.0 if compute_ratio is None else float(compute_ratio)
-        params.token_ratio = -1.0 if token_ratio is None else float(token_ratio)
-        params.select_by_magnitude = select_by == "magnitude"
-        params.dense = dense
-        params.coreinfer = coreinfer
+        # what is given here overrides the SELECTINFER_* environment; None keeps it (or the file's default)
+        sel = params.selection
+        sel.compute_ratio = None if compute_ratio is None else float(compute_ratio)
+        sel.token_ratio = None if token_ratio is None else float(token_ratio)
+        sel.by_magnitude = None if select_by is None else select_by == "magnitude"
+        sel.dense = None if dense is None else bool(dense)
+        sel.coreinfer = None if coreinfer is None else bool(coreinfer)
         self.seed = seed
         self._engine: _native.Engine | None = _native.Engine(params)
 
@@ -131,6 +136,11 @@ class Model:
 
     def detokenize(self, tokens: Iterable[int], render_special: bool = False) -> str:
         return self.engine.detokenize(list(tokens), render_special)
+
+    def weight_buffers(self) -> dict[str, int]:
+        """Bytes of weights per ggml buffer type: "CPU_Mapped" (read from the file as it is),
+        "AMX" / "CPU_REPACK" (repacked for faster kernels), "CPU" (read into memory)."""
+        return dict(self.engine.weight_buffers())
 
     def metadata(self, key: str) -> str | None:
         value = self.engine.meta(key)

@@ -1,0 +1,42 @@
+// Compiled into libllama (it needs llama.cpp's internal headers).
+#include "model_tensors.h"
+
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "llama-model.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace selectinfer {
+
+void check_model(const llama_model & model) {
+    for (const auto & [key, eps] : {std::pair<const char *, float>{"attention.layer_norm_rms_epsilon", model.hparams.f_norm_rms_eps},
+                                    {"attention.layer_norm_epsilon", model.hparams.f_norm_eps}}) {
+        if (!std::isfinite(eps) || eps < 0.0f) {
+            throw std::runtime_error(std::string(key) + " = " + std::to_string(eps) + " is not a number >= 0: the file is damaged");
+        }
+    }
+    for (const auto & [name, t] : model.tensors_by_name) {
+        const bool matrix = ggml_n_dims(t) >= 2;
+        const bool ok = t->type == GGML_TYPE_F32 ||  // F32 needs no conversion to float
+                        (matrix && ggml_get_type_traits_cpu(t->type)->vec_dot && ggml_get_type_traits(t->type)->to_float);
+        if (!ok) {
+            throw std::runtime_error("tensor '" + name + "' is " + ggml_type_name(t->type) + ", which the CPU kernels " +
+                                     (matrix ? "cannot multiply" : "do not take for a vector (F32)") +
+                                     "; the file is damaged or was written by a faulty converter");
+        }
+    }
+}
+
+std::map<std::string, uint64_t> weight_bytes_by_buffer(const llama_model & model) {
+    std::map<std::string, uint64_t> bytes;
+    for (const auto & [name, t] : model.tensors_by_name) {
+        const char * buft = t->buffer ? ggml_backend_buft_name(ggml_backend_buffer_get_type(t->buffer)) : "none";
+        bytes[buft] += ggml_nbytes(t);
+    }
+    return bytes;
+}
+
+}  // namespace selectinfer

@@ -1,0 +1,23 @@
+// A loaded model's tensors (any GGUF, dense or SelectInfer): the checks llama.cpp leaves to the
+// kernels, where a file with the wrong tensor types would crash (a matrix of integers reaches a
+// null dot product, a quantized norm an assertion), and where the weights ended up.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+struct llama_model;
+
+namespace selectinfer {
+
+// Every matrix has a type the CPU kernels multiply (a dot product and a conversion to float),
+// every vector is F32, and the normalization epsilons are numbers >= 0 (ggml asserts it). Throws
+// std::runtime_error naming the tensor or key; the load fails. Runs from the loader hook (ffn_hook.h).
+void check_model(const llama_model & model);
+
+// Bytes of weights per buffer type ("CPU", "CPU_Mapped", "CPU_REPACK", "AMX", "CUDA0", ...):
+// whether ggml repacked them for its faster kernels, and what that costs in memory.
+std::map<std::string, uint64_t> weight_bytes_by_buffer(const llama_model & model);
+
+}  // namespace selectinfer

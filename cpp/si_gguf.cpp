@@ -1,0 +1,257 @@
+// Compiled into libllama (it needs llama.cpp's internal headers).
+#include "si_gguf.h"
+
+#include "gguf.h"
+#include "llama-model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+namespace selectinfer {
+
+namespace {
+
+// The keys, as python/selectinfer/convert.py writes them.
+constexpr const char * kVersion      = "selectinfer.format_version";
+constexpr const char * kOriginalN    = "selectinfer.original_feed_forward_length";
+constexpr const char * kLoadRatio    = "selectinfer.load_ratio";
+constexpr const char * kStaticRatio  = "selectinfer.static_ratio";
+constexpr const char * kComputeRatio = "selectinfer.compute_ratio";
+constexpr const char * kTokenRatio   = "selectinfer.token_ratio";
+constexpr const char * kStaticCount  = "selectinfer.static_count";
+constexpr const char * kLayers       = "selectinfer.layers";
+constexpr const char * kStaticCounts = "selectinfer.static_counts";
+constexpr const char * kNeuronIds    = "selectinfer.neuron_ids.";  // + layer
+
+[[noreturn]] void refuse(const std::string & what) {
+    throw std::runtime_error("invalid SelectInfer GGUF: " + what + "; convert the model again with `selectinfer convert`");
+}
+
+std::string layer_key(const char * prefix, int il) {
+    return prefix + std::to_string(il);
+}
+
+bool is_integer(gguf_type t) {
+    switch (t) {
+        case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16:
+        case GGUF_TYPE_UINT32: case GGUF_TYPE_INT32: case GGUF_TYPE_UINT64: case GGUF_TYPE_INT64:
+            return true;
+        default:
+            return false;
+    }
+}
+
+// Reads integer element i of a value (scalar: i = 0) or array of any integer type.
+int64_t integer_at(const void * data, gguf_type t, size_t i) {
+    switch (t) {
+        case GGUF_TYPE_UINT8:  return ((const uint8_t *) data)[i];
+        case GGUF_TYPE_INT8:   return ((const int8_t *) data)[i];
+        case GGUF_TYPE_UINT16: return ((const uint16_t *) data)[i];
+        case GGUF_TYPE_INT16:  return ((const int16_t *) data)[i];
+        case GGUF_TYPE_UINT32: return ((const uint32_t *) data)[i];
+        case GGUF_TYPE_INT32:  return ((const int32_t *) data)[i];
+        case GGUF_TYPE_UINT64: {
+            const uint64_t v = ((const uint64_t *) data)[i];
+            return v > (uint64_t) INT64_MAX ? INT64_MAX : (int64_t) v;
+        }
+        case GGUF_TYPE_INT64:  return ((const int64_t *) data)[i];
+        default:               return 0;
+    }
+}
+
+class Metadata {
+public:
+    explicit Metadata(const gguf_context * meta) : meta_(meta) {}
+
+    bool has(const std::string & key) const { return gguf_find_key(meta_, key.c_str()) >= 0; }
+
+    int64_t integer(const std::string & key, int64_t lo, int64_t hi) const {
+        const int64_t id = find(key);
+        const gguf_type t = gguf_get_kv_type(meta_, id);
+        if (!is_integer(t)) refuse(key + " is a " + gguf_type_name(t) + ", not an integer");
+        const int64_t v = integer_at(gguf_get_val_data(meta_, id), t, 0);
+        if (v < lo || v > hi) {
+            refuse(key + " = " + std::to_string(v) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+        }
+        return v;
+    }
+
+    // A finite number in [lo, hi]; `optional` keys that are absent give -1.
+    float ratio(const std::string & key, float lo, float hi, bool optional = false) const {
+        if (optional && !has(key)) return -1.0f;
+        const int64_t id = find(key);
+        const gguf_type t = gguf_get_kv_type(meta_, id);
+        double v;
+        if (t == GGUF_TYPE_FLOAT32) {
+            v = gguf_get_val_f32(meta_, id);
+        } else if (t == GGUF_TYPE_FLOAT64) {
+            v = gguf_get_val_f64(meta_, id);
+        } else {
+            refuse(key + " is a " + gguf_type_name(t) + ", not a number");
+        }
+        if (!std::isfinite(v) || v < lo || v > hi) {
+            char buf[160];
+            std::snprintf(buf, sizeof buf, " = %g is outside [%g, %g]", v, (double) lo, (double) hi);
+            refuse(key + buf);
+        }
+        return (float) v;
+    }
+
+    std::vector<int64_t> integers(const std::string & key) const {
+        const int64_t id = find(key);
+        if (gguf_get_kv_type(meta_, id) != GGUF_TYPE_ARRAY) refuse(key + " is not an array");
+        const gguf_type t = gguf_get_arr_type(meta_, id);
+        if (!is_integer(t)) refuse(key + " is an array of " + gguf_type_name(t) + ", not of integers");
+        const size_t n = gguf_get_arr_n(meta_, id);
+        const void * data = n ? gguf_get_arr_data(meta_, id) : nullptr;
+        std::vector<int64_t> out(n);
+        for (size_t i = 0; i < n; ++i) out[i] = integer_at(data, t, i);
+        return out;
+    }
+
+private:
+    int64_t find(const std::string & key) const {
+        const int64_t id = gguf_find_key(meta_, key.c_str());
+        if (id < 0) refuse(key + " is missing");
+        return id;
+    }
+
+    const gguf_context * meta_;
+};
+
+// The weight types the sparse ops are tested with (tests/test_sparse_ops.py).
+bool sparse_ops_support(ggml_type t) {
+    switch (t) {
+        case GGML_TYPE_F32:  case GGML_TYPE_F16:  case GGML_TYPE_BF16:
+        case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1:
+        case GGML_TYPE_Q2_K: case GGML_TYPE_Q3_K: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K:
+            return true;
+        default:
+            return false;
+    }
+}
+
+// A SelectInfer layer's FFN tensors against its metadata and the assumptions of the sparse ops.
+void check_layer(const llama_layer & layer, int il, int64_t n_load, int64_t n_original) {
+    const std::string blk = "blk." + std::to_string(il) + ".";
+    const ggml_tensor * down_t = layer.ffn_down_t;
+    if (n_load < 1 || n_load > n_original) {
+        refuse(blk + "ffn_down_t has " + std::to_string(n_load) + " neurons, outside [1, " + kOriginalN + " = " +
+               std::to_string(n_original) + "]");
+    }
+    for (const auto & [name, t] : {std::pair<const char *, const ggml_tensor *>{"ffn_gate", layer.ffn_gate},
+                                   {"ffn_up", layer.ffn_up}, {"ffn_down_t", down_t}}) {
+        if (!t) refuse(blk + name + " is missing");
+        if (t->ne[0] != down_t->ne[0] || t->ne[1] != n_load || t->ne[2] != 1 || t->ne[3] != 1) {
+            refuse(blk + name + " is not [n_embd, " + std::to_string(n_load) + "] like " + blk + "ffn_down_t");
+        }
+        if (!sparse_ops_support(t->type)) {
+            std::string type = ggml_type_name(t->type);
+            std::transform(type.begin(), type.end(), type.begin(), ::toupper);
+            refuse(blk + name + " is " + type +
+                   ", a type the sparse kernels do not compute (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K)");
+        }
+    }
+    // the hook replaces build_ffn for this layer: SwiGLU with no bias, scale or dense down projection
+    for (const auto & [name, t] : {std::pair<const char *, const ggml_tensor *>{"ffn_gate.bias", layer.ffn_gate_b},
+                                   {"ffn_up.bias", layer.ffn_up_b}, {"ffn_down.bias", layer.ffn_down_b},
+                                   {"ffn_gate scale", layer.ffn_gate_s}, {"ffn_up scale", layer.ffn_up_s},
+                                   {"ffn_down scale", layer.ffn_down_s}, {"ffn_down", layer.ffn_down}}) {
+        if (t) refuse(blk + name + " is present: a SelectInfer layer's FFN is computed without it");
+    }
+}
+
+void check_neuron_ids(const Metadata & m, int il, int64_t n_load, int64_t n_original) {
+    const std::string key = layer_key(kNeuronIds, il);
+    const std::vector<int64_t> ids = m.integers(key);
+    if ((int64_t) ids.size() != n_load) {
+        refuse(key + " has " + std::to_string(ids.size()) + " ids for the " + std::to_string(n_load) +
+               " rows of blk." + std::to_string(il) + ".ffn_down_t");
+    }
+    std::vector<bool> seen(n_original, false);
+    for (int64_t id : ids) {
+        if (id < 0 || id >= n_original) {
+            refuse(key + " holds neuron " + std::to_string(id) + ", outside [0, " + std::to_string(n_original) + ")");
+        }
+        if (seen[id]) refuse(key + " holds neuron " + std::to_string(id) + " twice");
+        seen[id] = true;
+    }
+}
+
+}  // namespace
+
+std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model, const gguf_context * meta) {
+    const int n_layer = (int) model.layers.size();
+    const Metadata m(meta);
+    if (!m.has(kVersion)) {
+        for (int il = 0; il < n_layer; ++il) {
+            if (model.layers[il].ffn_down_t) {
+                refuse("blk." + std::to_string(il) + ".ffn_down_t without " + kVersion);
+            }
+        }
+        return nullptr;  // a dense model
+    }
+    auto info = std::make_shared<SiModelInfo>();
+    info->format_version = (uint32_t) m.integer(kVersion, 0, UINT32_MAX);
+    if (info->format_version != kFormatVersion) {
+        throw std::runtime_error(std::string(kVersion) + " = " + std::to_string(info->format_version) +
+                                 ": this build of selectinfer reads version " + std::to_string(kFormatVersion) +
+                                 "; convert the model again with this version's `selectinfer convert`");
+    }
+    if (model.arch != LLM_ARCH_LLAMA && model.arch != LLM_ARCH_QWEN2) {
+        refuse(std::string("architecture ") + llm_arch_name(model.arch) + " has no SelectInfer layers (llama, qwen2)");
+    }
+    info->n_original   = (int32_t) m.integer(kOriginalN, 1, 1 << 24);
+    info->load_ratio   = m.ratio(kLoadRatio, 0.0f, 1.0f);
+    info->static_ratio = m.ratio(kStaticRatio, 0.0f, info->load_ratio);
+    info->compute_ratio = m.ratio(kComputeRatio, info->static_ratio, info->load_ratio, /*optional=*/true);
+    info->token_ratio  = m.ratio(kTokenRatio, 0.0f, 1.0f, /*optional=*/true);
+    if (info->load_ratio <= 0.0f) refuse(std::string(kLoadRatio) + " must be > 0");
+    if (info->token_ratio == 0.0f) refuse(std::string(kTokenRatio) + " must be > 0");
+
+    const std::vector<int64_t> layers = m.integers(kLayers);
+    const std::vector<int64_t> statics = m.integers(kStaticCounts);
+    if (layers.empty()) refuse(std::string(kLayers) + " is empty");
+    if (statics.size() != layers.size()) {
+        refuse(std::string(kStaticCounts) + " has " + std::to_string(statics.size()) + " entries for the " +
+               std::to_string(layers.size()) + " layers of " + kLayers);
+    }
+    const int64_t static_count = m.has(kStaticCount) ? m.integer(kStaticCount, 0, info->n_original) : -1;
+    for (size_t i = 0; i < layers.size(); ++i) {
+        const int64_t il = layers[i];
+        if (il < 0 || il >= n_layer) {
+            refuse(std::string(kLayers) + " lists layer " + std::to_string(il) + " of a model with " +
+                   std::to_string(n_layer) + " layers");
+        }
+        if (i > 0 && il <= layers[i - 1]) refuse(std::string(kLayers) + " is not strictly increasing");
+        const llama_layer & layer = model.layers[il];
+        if (!layer.ffn_down_t) refuse(std::string(kLayers) + " lists layer " + std::to_string(il) + " but blk." +
+                                      std::to_string(il) + ".ffn_down_t is missing");
+        const int64_t n_load = layer.ffn_down_t->ne[1];
+        check_layer(layer, (int) il, n_load, info->n_original);
+        if (statics[i] < 0 || statics[i] > n_load || (static_count >= 0 && statics[i] != static_count)) {
+            refuse(std::string(kStaticCounts) + " gives layer " + std::to_string(il) + " " + std::to_string(statics[i]) +
+                   " static neurons (of " + std::to_string(n_load) + " loaded" +
+                   (static_count >= 0 ? ", " + std::string(kStaticCount) + " = " + std::to_string(static_count) : "") + ")");
+        }
+        check_neuron_ids(m, (int) il, n_load, info->n_original);
+        info->n_load[(int) il] = (int32_t) n_load;
+        info->n_static[(int) il] = (int32_t) statics[i];
+    }
+    for (int il = 0; il < n_layer; ++il) {
+        if (model.layers[il].ffn_down_t && !info->n_load.count(il)) {
+            refuse("blk." + std::to_string(il) + ".ffn_down_t is present but layer " + std::to_string(il) +
+                   " is not in " + kLayers);
+        }
+    }
+    return info;
+}
+
+const SiModelInfo * si_model_info(const llama_model & model) {
+    return static_cast<const SiModelInfo *>(model.selectinfer.get());
+}
+
+}  // namespace selectinfer

@@ -1,0 +1,43 @@
+// The SelectInfer GGUF as the engine reads it (step 2 of the method, selective loading): the
+// `selectinfer.*` keys, read once when llama.cpp has loaded the model and checked against its
+// tensors, so that nothing later trusts an unchecked value from the file. The writer is
+// python/selectinfer/convert.py; the two agree on the key names and on SI_FORMAT_VERSION.
+//
+// A file is untrusted input: every problem is a std::runtime_error naming the key (and layer)
+// and what to do, which llama.cpp's loader reports as a failed load.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+struct gguf_context;
+struct llama_model;
+
+namespace selectinfer {
+
+constexpr uint32_t kFormatVersion = 1;  // selectinfer.format_version this build reads
+
+// What a SelectInfer GGUF says about its layers, validated.
+struct SiModelInfo {
+    uint32_t format_version = 0;
+    int32_t  n_original     = 0;   // N: the source model's FFN width; ratios are fractions of it
+    float    load_ratio     = 0;   // gamma
+    float    static_ratio   = 0;   // delta
+    float    compute_ratio  = -1;  // phi the file suggests; < 0: none (the engine's default)
+    float    token_ratio    = -1;  // alpha the file suggests; < 0: none
+    std::map<int, int32_t> n_static;  // SelectInfer layer -> static neurons (rows 0..n_static-1)
+    std::map<int, int32_t> n_load;    // SelectInfer layer -> loaded neurons (rows of its FFN tensors)
+};
+
+// For a model llama.cpp has just loaded from `meta`: null for a dense model, otherwise the
+// validated description of its SelectInfer layers. Throws std::runtime_error when the metadata
+// is malformed or disagrees with the tensors, or when a layer's FFN is not one the sparse ops
+// compute (SwiGLU without biases, in a llama or qwen2 model).
+std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model, const gguf_context * meta);
+
+// The validated info of a loaded model (set by the loader through ffn_hook.h), or null.
+const SiModelInfo * si_model_info(const llama_model & model);
+
+}  // namespace selectinfer

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Builds the engine as a variant and runs the tests that look for CPU- and memory-specific bugs
+# against it (`make test-asan`, `make test-portable`; CI runs both after `make test`):
+#
+#   sanitize  AddressSanitizer + UndefinedBehaviorSanitizer (native CPU): the op, selection,
+#             conversion, validation and fuzz tests; any report fails the run
+#   portable  SELECTINFER_NATIVE=OFF (x86-64 with AVX2/FMA/F16C, no AVX-512 or AMX): the code paths an
+#             older or AMD CPU takes, with the op tests and a generation on the default model
+#
+# The variant's build lives in build/<variant>/ (reused on later runs); its Python package is
+# staged in build/<variant>/pkg and put first on PYTHONPATH, its selectinfer-cli in build/<variant>/bin.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+variant=${1:?usage: scripts/test_variant.sh sanitize|portable [pytest args]}
+shift
+PY=${PY:-.venv/bin/python}
+dir=build/$variant
+tests=(tests/test_sparse_ops.py tests/test_selective.py tests/test_forward_vs_numpy.py tests/test_si_validation.py)
+env_vars=()
+case $variant in
+  sanitize)
+    cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DSELECTINFER_SANITIZE=address,undefined")
+    tests+=(tests/test_convert.py tests/test_fuzz.py)
+    runtime="$(${CXX:-g++} -print-file-name=libasan.so):$(${CXX:-g++} -print-file-name=libubsan.so)"
+    # Python's own allocations are not ours to judge: no leak report; every other report is fatal
+    env_vars=(LD_PRELOAD="$runtime" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_odr_violation=0
+              UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
+    ;;
+  portable)
+    cmake_args=(-DSELECTINFER_NATIVE=OFF)
+    tests+=(tests/test_default_model.py tests/test_cli.py)
+    ;;
+  *)
+    echo "unknown variant '$variant' (sanitize or portable)" >&2
+    exit 2
+    ;;
+esac
+
+"$PY" -m pip install -q pybind11 ninja
+cmake -S . -B "$dir" -G Ninja -DPython_EXECUTABLE="$PY" -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)" \
+      "${cmake_args[@]}" > "$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
+cmake --build "$dir" --target _native selectinfer-cli
+
+# the package: our Python sources beside the variant's extension module
+rm -rf "$dir/pkg" "$dir/bin"
+mkdir -p "$dir/pkg/selectinfer" "$dir/bin"
+cp python/selectinfer/*.py "$dir/pkg/selectinfer/"
+cp "$dir"/_native*.so "$dir/pkg/selectinfer/"
+cp "$(find "$dir" -maxdepth 2 -name selectinfer-cli -type f | head -1)" "$dir/bin/"
+
+echo "selectinfer: $variant build, running ${tests[*]}"
+env "${env_vars[@]}" PYTHONPATH="$PWD/$dir/pkg" SELECTINFER_BIN="$PWD/$dir/bin" \
+    "$PY" -m pytest -p no:cacheprovider -q "${tests[@]}" "$@"

@@ -1,0 +1,137 @@
+"""A SelectInfer GGUF is untrusted input: every selectinfer.* key and every SelectInfer layer's tensors
+are checked when the model loads (cpp/si_gguf.cpp), and what does not fit is refused with
+ModelLoadError naming the key and the layer, in Python and in the CLI."""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFValueType as V
+from helpers import gguf_fields, gguf_tensors, make_si_model, write_gguf
+
+from selectinfer import Model, ModelLoadError, _native
+
+
+@pytest.fixture(scope="module")
+def si_parts(tmp_path_factory):
+    """The metadata and tensors of a tiny SelectInfer llama (N 256, gamma 0.75, delta 0.25, layers 1..2)."""
+    _, si = make_si_model(tmp_path_factory.mktemp("validation"), seed=3, layers="1:3")
+    return si, gguf_fields(si), gguf_tensors(si)
+
+
+def with_fields(fields, **changes):
+    out = dict(fields)
+    for key, value in changes.items():
+        key = key.replace("__", ".")
+        if value is None:
+            out.pop(key)
+        else:
+            out[key] = value
+    return out
+
+
+def arr(values, item=V.INT32):
+    return (V.ARRAY, list(values), item)
+
+
+def ids_of(fields, il):
+    return list(fields[f"selectinfer.neuron_ids.{il}"][1])
+
+
+# (what is changed, the message it must give)
+BAD_METADATA = [
+    (dict(selectinfer__format_version=(V.UINT32, 2, None)), r"selectinfer.format_version = 2: this build of selectinfer reads version 1"),
+    (dict(selectinfer__format_version=(V.STRING, "1", None)), r"selectinfer.format_version is a str, not an integer"),
+    (dict(selectinfer__original_feed_forward_length=(V.UINT32, 0, None)), r"original_feed_forward_length = 0 is outside"),
+    (dict(selectinfer__original_feed_forward_length=(V.UINT32, 100, None)), r"blk.1.ffn_down_t has 192 neurons, outside \[1, .* = 100\]"),
+    (dict(selectinfer__original_feed_forward_length=None), r"original_feed_forward_length is missing"),
+    (dict(selectinfer__load_ratio=(V.FLOAT32, float("nan"), None)), r"selectinfer.load_ratio = nan is outside \[0, 1\]"),
+    (dict(selectinfer__load_ratio=(V.FLOAT32, 1.5, None)), r"selectinfer.load_ratio = 1.5 is outside"),
+    (dict(selectinfer__static_ratio=(V.FLOAT32, 0.9, None)), r"selectinfer.static_ratio = 0.9 is outside \[0, 0.75\]"),
+    (dict(selectinfer__compute_ratio=(V.FLOAT32, 0.9, None)), r"selectinfer.compute_ratio = 0.9 is outside"),
+    (dict(selectinfer__token_ratio=(V.FLOAT32, 0.0, None)), r"selectinfer.token_ratio must be > 0"),
+    (dict(selectinfer__token_ratio=(V.FLOAT32, float("inf"), None)), r"selectinfer.token_ratio = inf is outside"),
+    (dict(selectinfer__layers=arr([])), r"selectinfer.layers is empty"),
+    (dict(selectinfer__layers=arr([1]), selectinfer__static_counts=arr([64])), r"blk.2.ffn_down_t is present but layer 2 is not in selectinfer.layers"),
+    (dict(selectinfer__layers=arr([2, 1])), r"selectinfer.layers is not strictly increasing"),
+    (dict(selectinfer__layers=arr([1, 7])), r"selectinfer.layers lists layer 7 of a model with 3 layers"),
+    (dict(selectinfer__layers=arr([0, 1])), r"selectinfer.layers lists layer 0 but blk.0.ffn_down_t is missing"),
+    (dict(selectinfer__layers=(V.STRING, "1,2", None)), r"selectinfer.layers is not an array"),
+    (dict(selectinfer__layers=arr([1.0, 2.0], V.FLOAT32)), r"selectinfer.layers is an array of f32, not of integers"),
+    (dict(selectinfer__static_counts=arr([64])), r"selectinfer.static_counts has 1 entries for the 2 layers"),
+    (dict(selectinfer__static_counts=arr([64, -1])), r"gives layer 2 -1 static neurons"),
+    (dict(selectinfer__static_counts=arr([64, 193])), r"gives layer 2 193 static neurons \(of 192 loaded"),
+    (dict(selectinfer__static_counts=arr([64, 32])), r"gives layer 2 32 static neurons .*static_count = 64"),
+    (dict(selectinfer__static_count=(V.INT32, -5, None)), r"selectinfer.static_count = -5 is outside"),
+    (dict(selectinfer__neuron_ids__2=None), r"selectinfer.neuron_ids.2 is missing"),
+]
+
+
+@pytest.mark.parametrize("changes,message", BAD_METADATA, ids=[m for _, m in BAD_METADATA])
+def test_bad_metadata_is_refused_naming_the_key(si_parts, tmp_path, changes, message):
+    _, fields, tensors = si_parts
+    path = write_gguf(tmp_path / "bad.gguf", with_fields(fields, **changes), tensors)
+    with pytest.raises(ModelLoadError, match=message):
+        Model(path, n_ctx=64)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda ids: ids[:-1], r"selectinfer.neuron_ids.1 has 191 ids for the 192 rows of blk.1.ffn_down_t"),
+    (lambda ids: ids[:-1] + [ids[0]], r"selectinfer.neuron_ids.1 holds neuron \d+ twice"),
+    (lambda ids: ids[:-1] + [256], r"selectinfer.neuron_ids.1 holds neuron 256, outside \[0, 256\)"),
+    (lambda ids: ids[:-1] + [-3], r"selectinfer.neuron_ids.1 holds neuron -3, outside"),
+])
+def test_bad_neuron_ids_are_refused(si_parts, tmp_path, edit, message):
+    _, fields, tensors = si_parts
+    changed = with_fields(fields, selectinfer__neuron_ids__1=arr(edit(ids_of(fields, 1))))
+    with pytest.raises(ModelLoadError, match=message):
+        Model(write_gguf(tmp_path / "bad.gguf", changed, tensors), n_ctx=64)
+
+
+def test_ffn_down_t_without_metadata_is_refused(si_parts, tmp_path):
+    _, fields, tensors = si_parts
+    dense_keys = {k: v for k, v in fields.items() if not k.startswith("selectinfer.")}
+    with pytest.raises(ModelLoadError, match=r"blk.1.ffn_down_t without selectinfer.format_version"):
+        Model(write_gguf(tmp_path / "bad.gguf", dense_keys, tensors), n_ctx=64)
+
+
+def bias(name, n):
+    return {"name": name, "data": np.zeros(n, dtype=np.float32).view(np.uint8), "ne": [n], "type": Q.F32}
+
+
+@pytest.mark.parametrize("extra,message", [
+    (bias("blk.1.ffn_up.bias", 192), r"blk.1.ffn_up.bias is present: a SelectInfer layer's FFN is computed without it"),
+    (bias("blk.2.ffn_gate.bias", 192), r"blk.2.ffn_gate.bias is present"),
+])
+def test_a_selectinfer_layer_with_biases_is_refused(si_parts, tmp_path, extra, message):
+    _, fields, tensors = si_parts
+    with pytest.raises(ModelLoadError, match=message):
+        Model(write_gguf(tmp_path / "bad.gguf", fields, tensors + [extra]), n_ctx=64)
+
+
+def test_a_weight_type_the_sparse_ops_lack_is_refused(si_parts, tmp_path):
+    _, fields, tensors = si_parts
+    changed = []
+    for t in tensors:
+        if t["name"] == "blk.1.ffn_up.weight":
+            values = t["data"].view(np.float32).reshape(t["ne"][1], t["ne"][0])
+            t = dict(t, data=_native.quantize_rows(int(Q.IQ4_NL), values).reshape(-1), type=Q.IQ4_NL)
+        changed.append(t)
+    with pytest.raises(ModelLoadError, match=r"blk.1.ffn_up is IQ4_NL, a type the sparse kernels do not compute"):
+        Model(write_gguf(tmp_path / "bad.gguf", fields, changed), n_ctx=64)
+
+
+def test_the_cli_refuses_in_one_line(si_parts, tmp_path, cli):
+    _, fields, tensors = si_parts
+    path = write_gguf(tmp_path / "bad.gguf", with_fields(fields, selectinfer__format_version=(V.UINT32, 9, None)),
+                      tensors)
+    r = cli("-m", path, "-p", "x", "-n", "1")
+    assert r.returncode == 1
+    assert "selectinfer.format_version = 9" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_an_unchanged_copy_still_loads(si_parts, tmp_path):
+    """The rewriting itself keeps a valid file valid: the refusals above come from the edits."""
+    si, fields, tensors = si_parts
+    copy = write_gguf(tmp_path / "copy.gguf", fields, tensors)
+    with Model(si, n_ctx=64) as a, Model(copy, n_ctx=64) as b:
+        assert a.generate("the capital", max_tokens=4, temperature=0) == b.generate("the capital", max_tokens=4,
+                                                                                     temperature=0)
