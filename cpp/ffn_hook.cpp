@@ -8,6 +8,7 @@
 #include "llama-adapter.h"
 #include "llama-context.h"
 #include "llama-impl.h"
+#include "llama-model-loader.h"
 #include "llama-model.h"
 
 using selectinfer::ContextHooks;
@@ -66,6 +67,10 @@ bool selectinfer_adapters_supported(void * hooks, llama_adapter_lora ** adapters
 std::shared_ptr<const void> selectinfer_model_loaded(const llama_model & model, const gguf_context * meta) {
     selectinfer::check_model(model);
     return selectinfer::read_si_model_info(model, meta);
+}
+
+void selectinfer_release_copied_weights(const llama_model & model, llama_model_loader & loader) {
+    selectinfer::release_copied_weights(model, loader);
 }
 
 void selectinfer_context_free(void * hooks) {

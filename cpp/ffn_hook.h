@@ -46,12 +46,17 @@ struct llama_adapter_lora;
 bool selectinfer_adapters_supported(void * hooks, llama_adapter_lora ** adapters, size_t n_adapters,
                                     const float * scales);
 
-// After llama.cpp has loaded a model's tensors from the GGUF `meta` (0002): checks the tensor
-// types of any model (model_tensors.h), then returns the validated SelectInfer description of the
-// model (si_gguf.h), or null for a dense model. Throws std::runtime_error naming the tensor, key
-// or layer when the file is inconsistent; the load fails.
+// After llama.cpp has loaded a model's tensors from the GGUF `meta` (0002): checks any model
+// (model_tensors.h) and returns the validated SelectInfer description of the model (si_gguf.h),
+// or null for a dense model. Throws std::runtime_error naming the tensor, key or layer when the
+// file is inconsistent; the load fails.
 struct gguf_context;
 std::shared_ptr<const void> selectinfer_model_loaded(const llama_model & model, const gguf_context * meta);
+
+// After llama.cpp has read the weights, while the loader still holds the file mappings (0002):
+// releases the mapped pages of the weights ggml copied into other buffers (model_tensors.h).
+struct llama_model_loader;
+void selectinfer_release_copied_weights(const llama_model & model, llama_model_loader & loader);
 
 namespace selectinfer {
 

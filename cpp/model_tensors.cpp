@@ -3,9 +3,12 @@
 
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
+#include "llama-mmap.h"
+#include "llama-model-loader.h"
 #include "llama-model.h"
 
 #include <cmath>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -26,6 +29,29 @@ void check_model(const llama_model & model) {
             throw std::runtime_error("tensor '" + name + "' is " + ggml_type_name(t->type) + ", which the CPU kernels " +
                                      (matrix ? "cannot multiply" : "do not take for a vector (F32)") +
                                      "; the file is damaged or was written by a faulty converter");
+        }
+    }
+}
+
+void release_copied_weights(const llama_model & model, llama_model_loader & loader) {
+    if (!loader.use_mmap) {
+        return;
+    }
+    // a weight can back several tensors (a tied output matrix is the token embedding again): its
+    // pages stay while any of them reads the mapping, or reads it later (lazily read weights)
+    std::set<std::string> copied, still_mapped;
+    for (const auto & [name, t] : model.tensors_by_name) {
+        const llama_model_loader::llama_tensor_weight * w = loader.get_weight(name.c_str());
+        if (!w || !t->data) continue;
+        const auto & mapping = loader.mappings.at(w->idx);
+        if (!mapping) continue;
+        const char * base = (const char *) mapping->addr();
+        const bool mapped = (const char *) t->data >= base && (const char *) t->data < base + mapping->size();
+        (mapped || loader.lazy.has(t) ? still_mapped : copied).insert(name);
+    }
+    for (const std::string & name : copied) {
+        if (!still_mapped.count(name)) {
+            loader.unmap_weight(*loader.get_weight(name.c_str()));  // whole pages inside the weight only
         }
     }
 }

@@ -8,6 +8,7 @@
 #include <string>
 
 struct llama_model;
+struct llama_model_loader;
 
 namespace selectinfer {
 
@@ -15,6 +16,11 @@ namespace selectinfer {
 // every vector is F32, and the normalization epsilons are numbers >= 0 (ggml asserts it). Throws
 // std::runtime_error naming the tensor or key; the load fails. Runs from the loader hook (ffn_hook.h).
 void check_model(const llama_model & model);
+
+// With the weights mapped from the file, ggml still copies some into other buffers (repacked for
+// AMX or CPU_REPACK, or on a GPU); their pages of the mapping stay resident, a second copy of the
+// same weights. Unmaps those pages (never a page that a mapped weight shares). No-op without mmap.
+void release_copied_weights(const llama_model & model, llama_model_loader & loader);
 
 // Bytes of weights per buffer type ("CPU", "CPU_Mapped", "CPU_REPACK", "AMX", "CUDA0", ...):
 // whether ggml repacked them for its faster kernels, and what that costs in memory.

@@ -24,8 +24,8 @@ from gguf import GGUFReader
 CHILD = r"""
 import json, sys
 from selectinfer import Model
-path, use_mmap, n_gen = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
-m = Model(path, n_ctx=256, use_mmap=use_mmap)
+path, use_mmap, n_gen, repack = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4] == "1"
+m = Model(path, n_ctx=256, use_mmap=use_mmap, repack=repack)
 after_load = m.stats()["rss_bytes"]
 m.engine.eval_prompt(m.tokenize("The history of the city begins with a small settlement on the river"), False)
 for _ in range(n_gen):
@@ -36,8 +36,9 @@ print(json.dumps({"after_load": after_load, "after_gen": s["rss_bytes"], "peak":
 """
 
 
-def measure(path: Path, use_mmap: bool, n_gen: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(path), "1" if use_mmap else "0", str(n_gen)],
+def measure(path: Path, use_mmap: bool, n_gen: int, repack: bool = True) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, str(path), "1" if use_mmap else "0", str(n_gen),
+                          "1" if repack else "0"],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -60,6 +61,7 @@ def main() -> int:
     ap.add_argument("--delta", type=float, default=0.3)
     ap.add_argument("-n", "--n-gen", type=int, default=64)
     ap.add_argument("--mmap", action="store_true", help="map the weights (default: read them into memory)")
+    ap.add_argument("--no-repack", action="store_true", help="no weight repacking (AMX, CPU_REPACK)")
     ap.add_argument("--workdir", type=Path, default=Path("build/bench-memory"))
     ap.add_argument("--time-convert", action="store_true", help="also time conversion vs a file copy")
     args = ap.parse_args()
@@ -100,7 +102,7 @@ def main() -> int:
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     base = None
     for label, path, g in rows:
-        r = measure(path, args.mmap, args.n_gen)
+        r = measure(path, args.mmap, args.n_gen, not args.no_repack)
         base = base or r
         saving = (base["after_gen"] - r["after_gen"]) / mib
         expected = (1 - g) * sparsified / mib

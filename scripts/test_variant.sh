@@ -8,11 +8,13 @@
 #             older or AMD CPU takes, with the op tests and a generation on the default model
 #
 # The variant's build lives in build/<variant>/ (reused on later runs); its Python package is
-# staged in build/<variant>/pkg and put first on PYTHONPATH, its selectinfer-cli in build/<variant>/bin.
+# staged in build/<variant>/pkg, and build/<variant>/venv runs it with the test venv's other
+# packages (not its selectinfer, installed or editable); its programs are in build/<variant>/bin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 variant=${1:?usage: scripts/test_variant.sh sanitize|portable [pytest args]}
+instrumented=""
 shift
 PY=${PY:-.venv/bin/python}
 dir=build/$variant
@@ -22,6 +24,7 @@ case $variant in
   sanitize)
     cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DSELECTINFER_SANITIZE=address,undefined")
     tests+=(tests/test_convert.py tests/test_fuzz.py)
+    instrumented=__asan_init
     runtime="$(${CXX:-g++} -print-file-name=libasan.so):$(${CXX:-g++} -print-file-name=libubsan.so)"
     # Python's own allocations are not ours to judge: no leak report; every other report is fatal
     env_vars=(LD_PRELOAD="$runtime" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_odr_violation=0
@@ -47,8 +50,23 @@ rm -rf "$dir/pkg" "$dir/bin"
 mkdir -p "$dir/pkg/selectinfer" "$dir/bin"
 cp python/selectinfer/*.py "$dir/pkg/selectinfer/"
 cp "$dir"/_native*.so "$dir/pkg/selectinfer/"
+if [ -n "$instrumented" ] && ! nm -D "$dir"/_native*.so | grep -q "$instrumented"; then
+  echo "selectinfer: $dir/_native is not instrumented ($instrumented missing)" >&2
+  exit 1
+fi
 cp "$(find "$dir" -maxdepth 2 -name selectinfer-cli -type f | head -1)" "$dir/bin/"
 
+# a venv that sees the staged package first, then the test venv's packages; its .pth files (an
+# editable install's import hook among them) are not processed, so no other selectinfer gets in
+venv=$dir/venv
+[ -x "$venv/bin/python" ] || "$PY" -m venv --without-pip "$venv"
+site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+deps=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+printf '%s\n%s\n' "$PWD/$dir/pkg" "$deps" > "$site/selectinfer-variant.pth"
+printf '#!%s\nimport sys\nfrom selectinfer.cli import main\nsys.exit(main())\n' "$PWD/$venv/bin/python" > "$dir/bin/selectinfer"
+chmod +x "$dir/bin/selectinfer"
+env "${env_vars[@]}" "$venv/bin/python" -c "import selectinfer._native as n, sys; assert n.__file__.startswith('$PWD/$dir/pkg'), n.__file__"
+
 echo "selectinfer: $variant build, running ${tests[*]}"
-env "${env_vars[@]}" PYTHONPATH="$PWD/$dir/pkg" SELECTINFER_BIN="$PWD/$dir/bin" \
-    "$PY" -m pytest -p no:cacheprovider -q "${tests[@]}" "$@"
+env "${env_vars[@]}" SELECTINFER_BIN="$PWD/$dir/bin" \
+    "$venv/bin/python" -m pytest -p no:cacheprovider -q "${tests[@]}" "$@"

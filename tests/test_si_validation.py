@@ -135,3 +135,12 @@ def test_an_unchanged_copy_still_loads(si_parts, tmp_path):
     with Model(si, n_ctx=64) as a, Model(copy, n_ctx=64) as b:
         assert a.generate("the capital", max_tokens=4, temperature=0) == b.generate("the capital", max_tokens=4,
                                                                                      temperature=0)
+
+
+def test_a_message_quoting_bytes_from_the_file_is_still_text(si_parts, tmp_path):
+    """An error that quotes the file (here an architecture name that is not UTF-8) is ModelLoadError
+    with the bad bytes replaced, not a UnicodeDecodeError from turning it into a Python string."""
+    _, fields, tensors = si_parts
+    changed = with_fields(fields, general__architecture=(V.STRING, b"l\xbbama", None))
+    with pytest.raises(ModelLoadError, match="unknown model architecture: 'l\ufffdama'"):
+        Model(write_gguf(tmp_path / "bad.gguf", changed, tensors), n_ctx=64)

@@ -60,9 +60,11 @@ def _one_run(model: Model, prompt: list[int], n_gen: int) -> tuple[float, float]
 
 
 def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, repeats: int = 5,
-              n_threads: int = 0, profiling: bool = False, compute_ratios: list[float] | None = None) -> list[BenchResult]:
+              n_threads: int = 0, profiling: bool = False, compute_ratios: list[float] | None = None,
+              repack: tuple[bool, ...] = (True,)) -> list[BenchResult]:
     """Benchmarks each model side by side. profiling=True adds each model with profiling on;
-    compute_ratios runs each SelectInfer model densely over its loaded neurons and at each phi."""
+    compute_ratios runs each SelectInfer model densely over its loaded neurons and at each phi;
+    repack=(True, False) runs every configuration with and without ggml's weight repacking."""
     if n_prompt < 1 or n_gen < 1 or repeats < 1:
         raise ValueError("n_prompt, n_gen and repeats must be >= 1")
     configs = []  # (label, path, Model keyword arguments, weight bytes a decode step reads)
@@ -76,6 +78,9 @@ def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, r
             configs.append((Path(p).name, p, {}, _bytes_read(header)))
         if profiling:
             configs.append((f"{Path(p).name} (profiling)", p, {"profile": True}, _bytes_read(header)))
+    if tuple(repack) != (True,):
+        configs = [(label + ("" if r else " (no repack)"), p, {**kwargs, "repack": r}, read)
+                   for label, p, kwargs, read in configs for r in repack]
     models = []
     try:
         for _, p, kwargs, _ in configs:

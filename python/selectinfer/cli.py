@@ -21,8 +21,10 @@ def _cmd_quantize(args: argparse.Namespace) -> None:
 def _cmd_bench(args: argparse.Namespace) -> None:
     from .bench import format_table, run_bench
 
+    repack = {"on": (True,), "off": (False,), "both": (True, False)}[args.repack]
     results = run_bench(args.models, n_prompt=args.n_prompt, n_gen=args.n_gen, repeats=args.repeats,
-                        n_threads=args.threads, profiling=args.profiling, compute_ratios=args.compute_ratios)
+                        n_threads=args.threads, profiling=args.profiling, compute_ratios=args.compute_ratios,
+                        repack=repack)
     print(f"n_prompt {args.n_prompt}, n_gen {args.n_gen}, {args.repeats} interleaved rounds, "
           f"threads {args.threads or 'all'}")
     print(format_table(results))
@@ -124,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profiling", action="store_true", help="also run each model with profiling on, side by side")
     p.add_argument("--compute-ratios", type=float, nargs="+", metavar="PHI",
                    help="run SelectInfer models densely over their loaded neurons and at each compute ratio")
+    p.add_argument("--repack", choices=["on", "off", "both"], default="on",
+                   help="ggml's weight repacking (AMX, CPU_REPACK): on, off, or every model both ways")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("profile", help="score every FFN neuron of a GGUF model on task datasets (step 1)")
