@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
                 shown_dense = True
                 print(f"  dense (original) {m['dense gate+up']:7.3f} {m['dense down']:6.3f} = {dense:6.3f}")
                 print(f"  dense-over-loaded{m['loaded gate+up']:7.3f} {m['loaded down']:6.3f} = {loaded:6.3f}")
-            # issue 5's target: SI FFN time at phi at most 1.15 x phi/gamma of dense-over-loaded
+            # the target set for selective computation: SI FFN time at phi at most 1.15 x phi/gamma of dense-over-loaded
             print(f"  phi {phi:<4}         {'':22} | {si:6.3f} | {si / loaded:9.3f} "
                   f"{1.15 * phi / args.load_ratio:7.3f} {dense / si:8.3f}")
     for n_tokens in [t for t in args.tokens if t > 1]:

@@ -15,6 +15,7 @@ cd "$(dirname "$0")/.."
 
 variant=${1:?usage: scripts/test_variant.sh sanitize|portable [pytest args]}
 instrumented=""
+features_check="pass"
 shift
 PY=${PY:-.venv/bin/python}
 dir=build/$variant
@@ -33,6 +34,8 @@ case $variant in
   portable)
     cmake_args=(-DSELECTINFER_NATIVE=OFF)
     tests+=(tests/test_default_model.py tests/test_cli.py)
+    # what the build must (not) use, whatever this machine's CPU has
+    features_check="i = n.system_info(); assert 'AVX2 = 1' in i and 'AVX512 = 1' not in i and 'AMX_INT8 = 1' not in i, i"
     ;;
   *)
     echo "unknown variant '$variant' (sanitize or portable)" >&2
@@ -65,7 +68,8 @@ deps=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 printf '%s\n%s\n' "$PWD/$dir/pkg" "$deps" > "$site/selectinfer-variant.pth"
 printf '#!%s\nimport sys\nfrom selectinfer.cli import main\nsys.exit(main())\n' "$PWD/$venv/bin/python" > "$dir/bin/selectinfer"
 chmod +x "$dir/bin/selectinfer"
-env "${env_vars[@]}" "$venv/bin/python" -c "import selectinfer._native as n, sys; assert n.__file__.startswith('$PWD/$dir/pkg'), n.__file__"
+env "${env_vars[@]}" "$venv/bin/python" -c "import selectinfer._native as n; assert n.__file__.startswith('$PWD/$dir/pkg'), n.__file__
+$features_check"
 
 echo "selectinfer: $variant build, running ${tests[*]}"
 env "${env_vars[@]}" SELECTINFER_BIN="$PWD/$dir/bin" \
