@@ -9,7 +9,9 @@ The two engines run in separate processes so their ggml symbols never meet.
 
     python scripts/check_upstream_parity.py [--model PATH] [-n 32] [--venv build/upstream-venv]
 
-The first run builds the upstream package (about 10 minutes on 2 cores).
+The first run builds the upstream package (about 10 minutes on 2 cores). One patch is applied to
+it, ggml-patches/0005 (AMX_FIX): built natively on a Xeon with AMX, stock llama.cpp crashes on its
+first prompt (GCC 12 miscompiles the AMX tile configuration); the fix changes no arithmetic.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "cmake"))
 import llama_cpp_source  # noqa: E402  (the build's own sdist fetch and sha256 check)
+
+AMX_FIX = REPO / "ggml-patches" / "0005-amx-tile-config.patch"
 
 UPSTREAM_CHILD = r"""
 import json, sys
@@ -63,8 +67,26 @@ def ensure_upstream_venv(venv: Path) -> Path:
         sdist = llama_cpp_source.fetch_sdist(llama_cpp_source.cache_root())  # same file, sha256-checked
         print(f"building stock llama-cpp-python from {sdist} into {venv} (takes a while)", file=sys.stderr)
         env = dict(os.environ, CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF")
-        subprocess.run([python, "-m", "pip", "install", "--no-deps", str(sdist)], check=True, env=env)
+        with tempfile.TemporaryDirectory(dir=venv) as tmp:
+            source = stock_source_with_amx_fix(sdist, Path(tmp))
+            subprocess.run([python, "-m", "pip", "install", "--no-deps", str(source)], check=True, env=env)
     return python
+
+
+def stock_source_with_amx_fix(sdist: Path, dest: Path) -> Path:
+    """The sdist unpacked, with ggml-patches/0005 applied to its vendor/llama.cpp (see the docstring)."""
+    import tarfile
+
+    with tarfile.open(sdist, "r:gz") as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, filter="data")
+        else:  # Python < 3.11.4
+            tar.extractall(dest)
+    source = dest / f"llama_cpp_python-{llama_cpp_source.SDIST_VERSION}"
+    vendor = source / "vendor" / "llama.cpp"
+    (vendor / ".git").unlink(missing_ok=True)  # a submodule link git apply would follow
+    llama_cpp_source.apply_patches(vendor, [AMX_FIX])
+    return source
 
 
 def main() -> int:
@@ -117,7 +139,7 @@ def compare(python: Path, model: str, args: argparse.Namespace, flash_attn: bool
     same_tokens = ours_argmax == upstream["generated"] and ours_text == upstream_text
     max_diff = float(np.abs(ours_logits - upstream_logits).max())
     print(f"flash attention {'on' if flash_attn else 'off'}: upstream llama-cpp-python {upstream['version']} "
-          f"(stock llama.cpp) vs selectinfer, model {Path(model).name}")
+          f"(stock llama.cpp + the AMX fix) vs selectinfer, model {Path(model).name}")
     print(f"  prompt tokens identical:  {same_prompt} ({len(prompt_tokens)} tokens)")
     print(f"  greedy tokens identical:  {same_tokens} ({len(upstream['generated'])} tokens)")
     print(f"  logits max |diff|:        {max_diff:.3e} over {ours_logits.shape[0]} x {ours_logits.shape[1]} "
