@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 PROMPT ?= The capital of France is
 
-.PHONY: demo test test-asan test-portable install install-test upstream dev clean
+.PHONY: demo test test-asan test-portable test-aarch64 install install-test upstream dev clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,9 +41,10 @@ upstream: install $(UPSTREAM)
 test: install-test $(UPSTREAM)
 	$(PY) -m pytest -v
 
-# The engine built with AddressSanitizer + UndefinedBehaviorSanitizer, and built portable
-# (AVX2, no AVX-512/AMX), each running the tests that find memory and CPU-specific bugs
-# (scripts/test_variant.sh; CI runs both after `make test`).
+# The engine built with AddressSanitizer + UndefinedBehaviorSanitizer, built portable (AVX2, no
+# AVX-512/AMX), and cross-built for aarch64 (tests under qemu-aarch64; needs Debian's
+# g++-aarch64-linux-gnu, qemu-user and debootstrap), each running the tests that find memory and
+# CPU-specific bugs (scripts/test_variant.sh; CI runs all three after `make test`).
 # (the test dependencies come from the test install; the variants build their own engine)
 TEST_DEPS := $(PY) -c "import pytest, gguf, numpy" 2>/dev/null || $(MAKE) install-test
 
@@ -54,6 +55,10 @@ test-asan: $(PY)
 test-portable: $(PY)
 	$(TEST_DEPS)
 	PY=$(PY) scripts/test_variant.sh portable
+
+test-aarch64: $(PY)
+	$(TEST_DEPS)
+	PY=$(PY) scripts/test_variant.sh aarch64
 
 # Developer loop: editable install with the build tree kept in build/; rerun after editing cpp/.
 dev: $(PY)

@@ -4,6 +4,7 @@
 #include "gguf_meta.h"
 #include "op_runner.h"
 #include "quant_rows.h"
+#include "sparse_ffn_ops.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -56,6 +57,15 @@ PYBIND11_MODULE(_native, m) {
     m.def("system_info", [] { return std::string(llama_print_system_info()); });
     m.def("process_rss_bytes", &process_rss_bytes);
     m.def("extra_buffer_types", &cpu_extra_buffer_types);
+    m.def("sparse_fused_types", [] {
+        std::vector<std::string> names;
+        for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
+            if (ggml_get_type_traits((ggml_type) t)->blck_size > 0 && ggml_si_has_fused_loop((ggml_type) t)) {
+                names.emplace_back(ggml_type_name((ggml_type) t));
+            }
+        }
+        return names;
+    }, "weight types with a fused loop in the sparse row ops on this build");
     m.def("quantize_type_names", &quantize_type_names);
     m.def("quantize_model", &quantize_model, py::arg("input_path"), py::arg("output_path"), py::arg("type_name"),
           py::arg("n_threads") = 0, py::call_guard<py::gil_scoped_release>());

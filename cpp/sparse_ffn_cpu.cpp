@@ -63,28 +63,38 @@ inline f32x16 splat(float x) { return f32x16{} + x; }
 template <typename V> inline f32x16 to_f32(V q) { return __builtin_convertvector(__builtin_convertvector(q, i32x16), f32x16); }
 inline float fp16(const uint8_t * p) { ggml_fp16_t d; std::memcpy(&d, p, 2); return GGML_CPU_FP16_TO_FP32(d); }
 
-#if defined(__F16C__)
+// Sixteen F16 values as floats, with the CPU's conversion instructions: F16C on x86, FCVTL on
+// ARM (every ARMv8 has it); elsewhere ggml's own conversion, one value at a time.
 inline f32x16 f16x16(const void * p) {
-#if defined(__AVX512F__)
+#if defined(__F16C__) && defined(__AVX512F__)
     return (f32x16) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) p));
-#else
+#elif defined(__F16C__)
     float f[16];
     _mm256_storeu_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) p)));
     _mm256_storeu_ps(f + 8, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) p + 1)));
     return load_as<f32x16>(f);
+#elif defined(__aarch64__)
+    const float16x8_t lo = vld1q_f16((const float16_t *) p), hi = vld1q_f16((const float16_t *) p + 8);
+    float f[16];
+    vst1q_f32(f, vcvt_f32_f16(vget_low_f16(lo)));
+    vst1q_f32(f + 4, vcvt_high_f32_f16(lo));
+    vst1q_f32(f + 8, vcvt_f32_f16(vget_low_f16(hi)));
+    vst1q_f32(f + 12, vcvt_high_f32_f16(hi));
+    return load_as<f32x16>(f);
+#else
+    float f[16];
+    for (int i = 0; i < 16; ++i) f[i] = fp16((const uint8_t *) p + 2 * i);
+    return load_as<f32x16>(f);
 #endif
 }
-#endif
 
-// Values 16*half .. 16*half+15 of the 32-value block b of a row, as floats (F16 through F16C).
+// Values 16*half .. 16*half+15 of the 32-value block b of a row, as floats.
 template <ggml_type T>
 inline f32x16 block_half(const char * row, int64_t b, int half) {
     if constexpr (T == GGML_TYPE_F32) {
         return load_as<f32x16>((const float *) row + 32 * b + 16 * half);
-#if defined(__F16C__)
     } else if constexpr (T == GGML_TYPE_F16) {
         return f16x16((const ggml_fp16_t *) row + 32 * b + 16 * half);
-#endif
     } else if constexpr (T == GGML_TYPE_BF16) {  // bf16 is the top half of an f32
         const u16x16 r = load_as<u16x16>((const uint16_t *) row + 32 * b + 16 * half);
         return (f32x16) (__builtin_convertvector(r, u32x16) << 16);
@@ -123,15 +133,15 @@ template <ggml_type T> struct AddRows {
     }
 };
 
-// Whether block_half has a loop for this type on this CPU.
+// The weight types block_half has a loop for, on every CPU: one list for the query and the dispatch.
+#define SI_BLOCK_TYPES(X) X(F32) X(F16) X(BF16) X(Q8_0) X(Q4_0) X(Q4_1)
+
 bool has_block_loop(ggml_type type) {
     switch (type) {
-        case GGML_TYPE_F32: case GGML_TYPE_BF16: case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1:
+#define SI_CASE(T) case GGML_TYPE_##T:
+        SI_BLOCK_TYPES(SI_CASE)
+#undef SI_CASE
             return true;
-#if defined(__F16C__)
-        case GGML_TYPE_F16:
-            return true;
-#endif
         default:
             return false;
     }
@@ -140,15 +150,10 @@ bool has_block_loop(ggml_type type) {
 // Runs K<type>::run(args...) for a type that has_block_loop.
 template <template <ggml_type> class K, typename... A> void with_block_type(ggml_type type, A... args) {
     switch (type) {
-        case GGML_TYPE_F32:  K<GGML_TYPE_F32>::run(args...); break;
-#if defined(__F16C__)
-        case GGML_TYPE_F16:  K<GGML_TYPE_F16>::run(args...); break;
-#endif
-        case GGML_TYPE_BF16: K<GGML_TYPE_BF16>::run(args...); break;
-        case GGML_TYPE_Q8_0: K<GGML_TYPE_Q8_0>::run(args...); break;
-        case GGML_TYPE_Q4_0: K<GGML_TYPE_Q4_0>::run(args...); break;
-        case GGML_TYPE_Q4_1: K<GGML_TYPE_Q4_1>::run(args...); break;
-        default:             GGML_ABORT("no block loop for this type");
+#define SI_CASE(T) case GGML_TYPE_##T: K<GGML_TYPE_##T>::run(args...); break;
+        SI_BLOCK_TYPES(SI_CASE)
+#undef SI_CASE
+        default: GGML_ABORT("no block loop for type %s", ggml_type_name(type));
     }
 }
 
@@ -379,6 +384,10 @@ inline float rank_key(float a, bool by_magnitude) {
 }  // namespace
 
 extern "C" {
+
+bool ggml_si_has_fused_loop(enum ggml_type type) {
+    return has_block_loop(type);
+}
 
 size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks) {
     switch (node->op) {

@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
 # Builds the engine as a variant and runs the tests that look for CPU- and memory-specific bugs
-# against it (`make test-asan`, `make test-portable`; CI runs both after `make test`):
+# against it (`make test-asan`, `make test-portable`, `make test-aarch64`; CI runs all three after
+# `make test`):
 #
 #   sanitize  AddressSanitizer + UndefinedBehaviorSanitizer (native CPU): the op, selection,
 #             conversion, validation and fuzz tests; any report fails the run
 #   portable  SELECTINFER_NATIVE=OFF (x86-64 with AVX2/FMA/F16C, no AVX-512 or AMX): the code paths an
 #             older or AMD CPU takes, with the op tests and a generation on the default model
+#   aarch64   cross-built for 64-bit ARM (armv8.2-a with fp16 and dot products: Jetson Orin, recent
+#             phones and boards) with Debian's cross compiler, the tests run by an arm64 Python
+#             under qemu-aarch64 (scripts/arm64_sysroot.sh)
 #
 # The variant's build lives in build/<variant>/ (reused on later runs); its Python package is
-# staged in build/<variant>/pkg, and build/<variant>/venv runs it with the test venv's other
-# packages (not its selectinfer, installed or editable); its programs are in build/<variant>/bin.
+# staged in build/<variant>/pkg and runs with the test venv's other packages (not its selectinfer,
+# installed or editable); its programs are in build/<variant>/bin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-variant=${1:?usage: scripts/test_variant.sh sanitize|portable [pytest args]}
-instrumented=""
-features_check="pass"
+variant=${1:?usage: scripts/test_variant.sh sanitize|portable|aarch64 [pytest args]}
 shift
 PY=${PY:-.venv/bin/python}
 dir=build/$variant
 tests=(tests/test_sparse_ops.py tests/test_selective.py tests/test_forward_vs_numpy.py tests/test_si_validation.py)
 env_vars=()
+instrumented=""        # a symbol the extension must have
+features_check="pass"  # what system_info() must say
+deps=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")  # the test venv's packages
 case $variant in
   sanitize)
     cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DSELECTINFER_SANITIZE=address,undefined")
@@ -37,13 +42,22 @@ case $variant in
     # what the build must (not) use, whatever this machine's CPU has
     features_check="i = n.system_info(); assert 'AVX2 = 1' in i and 'AVX512 = 1' not in i and 'AMX_INT8 = 1' not in i, i"
     ;;
+  aarch64)
+    sysroot=$(scripts/arm64_sysroot.sh)
+    cmake_args=(-DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DSELECTINFER_NATIVE=OFF
+                -DGGML_CPU_ARM_ARCH=armv8.2-a+fp16+dotprod
+                "-DPython_INCLUDE_DIR=$sysroot/usr/include/python3.11"
+                "-DCMAKE_CXX_FLAGS=-idirafter $sysroot/usr/include")  # pyconfig.h of the arm64 Python
+    features_check="i = n.system_info(); assert 'NEON = 1' in i and 'DOTPROD = 1' in i, i"
+    ;;
   *)
-    echo "unknown variant '$variant' (sanitize or portable)" >&2
+    echo "unknown variant '$variant' (sanitize, portable or aarch64)" >&2
     exit 2
     ;;
 esac
 
 "$PY" -m pip install -q pybind11 ninja
+mkdir -p "$dir"
 cmake -S . -B "$dir" -G Ninja -DPython_EXECUTABLE="$PY" -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)" \
       "${cmake_args[@]}" > "$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
 cmake --build "$dir" --target _native selectinfer-cli
@@ -52,25 +66,39 @@ cmake --build "$dir" --target _native selectinfer-cli
 rm -rf "$dir/pkg" "$dir/bin"
 mkdir -p "$dir/pkg/selectinfer" "$dir/bin"
 cp python/selectinfer/*.py "$dir/pkg/selectinfer/"
-cp "$dir"/_native*.so "$dir/pkg/selectinfer/"
-if [ -n "$instrumented" ] && ! nm -D "$dir"/_native*.so | grep -q "$instrumented"; then
-  echo "selectinfer: $dir/_native is not instrumented ($instrumented missing)" >&2
+native=$(ls "$dir"/_native*.so)
+cli=$(find "$dir" -maxdepth 2 -name selectinfer-cli -type f | head -1)
+if [ -n "$instrumented" ] && ! nm -D "$native" | grep "$instrumented" > /dev/null; then
+  echo "selectinfer: $native is not instrumented ($instrumented missing)" >&2
   exit 1
 fi
-cp "$(find "$dir" -maxdepth 2 -name selectinfer-cli -type f | head -1)" "$dir/bin/"
 
-# a venv that sees the staged package first, then the test venv's packages; its .pth files (an
-# editable install's import hook among them) are not processed, so no other selectinfer gets in
-venv=$dir/venv
-[ -x "$venv/bin/python" ] || "$PY" -m venv --without-pip "$venv"
-site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-deps=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-printf '%s\n%s\n' "$PWD/$dir/pkg" "$deps" > "$site/selectinfer-variant.pth"
-printf '#!%s\nimport sys\nfrom selectinfer.cli import main\nsys.exit(main())\n' "$PWD/$venv/bin/python" > "$dir/bin/selectinfer"
-chmod +x "$dir/bin/selectinfer"
-env "${env_vars[@]}" "$venv/bin/python" -c "import selectinfer._native as n; assert n.__file__.startswith('$PWD/$dir/pkg'), n.__file__
+if [ "$variant" = aarch64 ]; then
+  # the arm64 Python under qemu, its numpy from Debian; the test venv's pure-Python packages
+  # (pytest, gguf, ...) after its own, so that none of their x86-64 extension modules is taken
+  cp "$native" "$dir/pkg/selectinfer/_native.so"
+  cp "$cli" "$dir/selectinfer-cli.arm64"
+  printf '%s\n' "$deps" > "$sysroot/usr/lib/python3/dist-packages/selectinfer-test-deps.pth"
+  python=("$(command -v qemu-aarch64)" -L "$sysroot" "$sysroot/usr/bin/python3.11")
+  env_vars+=(PYTHONPATH="$PWD/$dir/pkg")
+  printf '#!/bin/sh\nexec %s -L %s %s "$@"\n' "$(command -v qemu-aarch64)" "$sysroot" \
+      "$PWD/$dir/selectinfer-cli.arm64" > "$dir/bin/selectinfer-cli"
+else
+  # a venv that sees the staged package first, then the test venv's packages; its .pth files (an
+  # editable install's import hook among them) are not processed, so no other selectinfer gets in
+  cp "$native" "$dir/pkg/selectinfer/"
+  cp "$cli" "$dir/bin/"
+  venv=$dir/venv
+  [ -x "$venv/bin/python" ] || "$PY" -m venv --without-pip "$venv"
+  site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  printf '%s\n%s\n' "$PWD/$dir/pkg" "$deps" > "$site/selectinfer-variant.pth"
+  python=("$PWD/$venv/bin/python")
+fi
+printf '#!/bin/sh\nexec %s -c "import sys; from selectinfer.cli import main; sys.exit(main())" "$@"\n' \
+    "${python[*]}" > "$dir/bin/selectinfer"
+chmod +x "$dir/bin/selectinfer" "$dir/bin/selectinfer-cli"
+env "${env_vars[@]}" "${python[@]}" -c "import selectinfer._native as n; assert n.__file__.startswith('$PWD/$dir/pkg'), n.__file__
 $features_check"
 
 echo "selectinfer: $variant build, running ${tests[*]}"
-env "${env_vars[@]}" SELECTINFER_BIN="$PWD/$dir/bin" \
-    "$venv/bin/python" -m pytest -p no:cacheprovider -q "${tests[@]}" "$@"
+env "${env_vars[@]}" SELECTINFER_BIN="$PWD/$dir/bin" "${python[@]}" -m pytest -p no:cacheprovider -q "${tests[@]}" "$@"

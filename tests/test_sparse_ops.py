@@ -162,3 +162,10 @@ def test_op_argument_errors():
     for args, match in bad:
         with pytest.raises(ValueError, match=match):
             _native.run_sparse_op(*args)
+
+
+def test_every_cpu_has_the_fused_loops():
+    """The float and 4/8-bit types take the fused row loops on every architecture (x86 with or
+    without F16C, ARM); a build where one falls back to the per-row conversion fails here."""
+    fused = {name.upper() for name in _native.sparse_fused_types()}
+    assert {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"} <= fused, fused
