@@ -26,7 +26,11 @@ import numpy as np
 def dump(args: argparse.Namespace) -> None:
     from selectinfer import Model, _native
 
-    kwargs = {} if args.compute_ratio is None else {"compute_ratio": args.compute_ratio}
+    kwargs = {"repack": not args.no_repack}
+    if args.compute_ratio is not None:
+        kwargs["compute_ratio"] = args.compute_ratio
+    if args.dense:
+        kwargs["dense"] = True
     followed = np.load(args.follow)["tokens"].tolist() if args.follow else None
     with Model(args.model, n_ctx=256, n_threads=args.threads, **kwargs) as m:
         prompt = m.tokenize(args.prompt)
@@ -75,6 +79,8 @@ def main() -> int:
     d.add_argument("-n", "--n-predict", type=int, default=16)
     d.add_argument("-t", "--threads", type=int, default=2)
     d.add_argument("--compute-ratio", type=float)
+    d.add_argument("--dense", action="store_true", help="compute every loaded neuron (no selection)")
+    d.add_argument("--no-repack", action="store_true", help="no weight repacking (AMX, CPU_REPACK)")
     d.add_argument("--follow", help="a dump whose tokens to feed (teacher forcing)")
     c = sub.add_parser("compare")
     c.add_argument("a")
