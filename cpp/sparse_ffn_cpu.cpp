@@ -88,6 +88,18 @@ inline f32x16 f16x16(const void * p) {
 #endif
 }
 
+// K-quants: a super-block of 256 values is eight 32-value blocks with 6-bit scales and mins
+// packed in 12 bytes (Q4_K, Q5_K): block j's scale and min.
+inline void k_scale_min(const uint8_t * scales, int j, float & scale, float & min) {
+    if (j < 4) {
+        scale = scales[j] & 63;
+        min = scales[j + 4] & 63;
+    } else {
+        scale = (scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4);
+        min = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+    }
+}
+
 // Values 16*half .. 16*half+15 of the 32-value block b of a row, as floats.
 template <ggml_type T>
 inline f32x16 block_half(const char * row, int64_t b, int half) {
@@ -110,6 +122,32 @@ inline f32x16 block_half(const char * row, int64_t b, int half) {
         const uint8_t * blk = (const uint8_t *) row + 20 * b;
         const u8x16 q = load_as<u8x16>(blk + 4);
         return splat(fp16(blk)) * to_f32(half ? q >> 4 : q & 0x0F) + fp16(blk + 2);
+    } else if constexpr (T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K) {
+        // d, dmin, scales[12], (Q5_K: qh[32], a fifth bit per value), qs[128]: blocks 2i and 2i+1
+        // share qs[32i..32i+31], low nibbles then high; value = d * scale * q - dmin * min
+        constexpr bool five = T == GGML_TYPE_Q5_K;
+        const uint8_t * sb = (const uint8_t *) row + (five ? 176 : 144) * (b / 8);
+        const int j = (int) (b % 8);
+        float scale, min;
+        k_scale_min(sb + 4, j, scale, min);
+        const u8x16 packed = load_as<u8x16>(sb + (five ? 48 : 16) + 32 * (j / 2) + 16 * half);
+        u8x16 q = j % 2 ? packed >> 4 : packed & 0x0F;
+        if constexpr (five) {
+            const u8x16 high = load_as<u8x16>(sb + 16 + 16 * half);
+            q |= ((high >> j) & 1) << 4;
+        }
+        return splat(fp16(sb) * scale) * to_f32(q) - fp16(sb + 2) * min;
+    } else if constexpr (T == GGML_TYPE_Q6_K) {
+        // ql[128] (low 4 bits), qh[64] (high 2 bits), int8 scales[16] (one per 16 values), d; each
+        // 128-value half n: block r of it takes ql[64n + 32(r%2) + l] (r < 2: low nibble) and bits
+        // 2r of qh[32n + l]; value = d * scale * (q - 32)
+        const uint8_t * sb = (const uint8_t *) row + 210 * (b / 8);
+        const int j = (int) (b % 8), n = j / 4, r = j % 4;
+        const u8x16 ql = load_as<u8x16>(sb + 64 * n + 32 * (r % 2) + 16 * half);
+        const u8x16 qh = load_as<u8x16>(sb + 128 + 32 * n + 16 * half);
+        const u8x16 q = (r < 2 ? ql & 0x0F : ql >> 4) | (((qh >> (2 * r)) & 3) << 4);
+        const float scale = (float) (int8_t) sb[192 + 8 * n + half + 2 * r];
+        return splat(fp16(sb + 208) * scale) * (to_f32(q) - 32.0f);
     }
 }
 
@@ -134,7 +172,7 @@ template <ggml_type T> struct AddRows {
 };
 
 // The weight types block_half has a loop for, on every CPU: one list for the query and the dispatch.
-#define SI_BLOCK_TYPES(X) X(F32) X(F16) X(BF16) X(Q8_0) X(Q4_0) X(Q4_1)
+#define SI_BLOCK_TYPES(X) X(F32) X(F16) X(BF16) X(Q8_0) X(Q4_0) X(Q4_1) X(Q4_K) X(Q5_K) X(Q6_K)
 
 bool has_block_loop(ggml_type type) {
     switch (type) {

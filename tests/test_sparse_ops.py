@@ -165,7 +165,8 @@ def test_op_argument_errors():
 
 
 def test_every_cpu_has_the_fused_loops():
-    """The float and 4/8-bit types take the fused row loops on every architecture (x86 with or
-    without F16C, ARM); a build where one falls back to the per-row conversion fails here."""
+    """The float, 4/8-bit and K-quant types (Q4_K_M and Q5_K_M files) take the fused row loops on
+    every architecture (x86 with or without F16C, ARM); a build where one falls back to the per-row
+    conversion fails here."""
     fused = {name.upper() for name in _native.sparse_fused_types()}
-    assert {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"} <= fused, fused
+    assert {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"} <= fused, fused
