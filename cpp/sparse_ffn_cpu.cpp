@@ -132,9 +132,9 @@ inline f32x16 block_half(const char * row, int64_t b, int half) {
         k_scale_min(sb + 4, j, scale, min);
         const u8x16 packed = load_as<u8x16>(sb + (five ? 48 : 16) + 32 * (j / 2) + 16 * half);
         u8x16 q = j % 2 ? packed >> 4 : packed & 0x0F;
-        if constexpr (five) {
+        if constexpr (five) {  // bit j of qh: a vector compare (x86 has no per-byte shift by a variable)
             const u8x16 high = load_as<u8x16>(sb + 16 + 16 * half);
-            q |= ((high >> j) & 1) << 4;
+            q |= (u8x16) ((high & (uint8_t) (1u << j)) != 0) & 16;
         }
         return splat(fp16(sb) * scale) * to_f32(q) - fp16(sb + 2) * min;
     } else if constexpr (T == GGML_TYPE_Q6_K) {
@@ -145,7 +145,9 @@ inline f32x16 block_half(const char * row, int64_t b, int half) {
         const int j = (int) (b % 8), n = j / 4, r = j % 4;
         const u8x16 ql = load_as<u8x16>(sb + 64 * n + 32 * (r % 2) + 16 * half);
         const u8x16 qh = load_as<u8x16>(sb + 128 + 32 * n + 16 * half);
-        const u8x16 q = (r < 2 ? ql & 0x0F : ql >> 4) | (((qh >> (2 * r)) & 3) << 4);
+        // bits 2r, 2r+1 of qh to bits 4, 5, with constant shifts (x86 has no per-byte variable shift)
+        const u8x16 hi = r == 0 ? (qh & 0x03) << 4 : r == 1 ? (qh & 0x0C) << 2 : r == 2 ? qh & 0x30 : (qh & 0xC0) >> 2;
+        const u8x16 q = (r < 2 ? ql & 0x0F : ql >> 4) | hi;
         const float scale = (float) (int8_t) sb[192 + 8 * n + half + 2 * r];
         return splat(fp16(sb + 208) * scale) * (to_f32(q) - 32.0f);
     }
