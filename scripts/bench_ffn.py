@@ -12,6 +12,7 @@ import argparse
 import statistics
 
 from selectinfer import _native
+from selectinfer.bench import computed_neurons
 from selectinfer.convert import neuron_count
 from selectinfer.synthetic import SHAPES
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         print("\ndecode (1 token)   gate+up   down  = FFN    | SI FFN | SI/loaded  target  dense/SI")
         shown_dense = False
         for phi in args.compute_ratios:
-            n_select = min(n_load, round(phi * n_ff))
+            n_select = computed_neurons(phi, n_ff, n_load)
             if n_select == n_load:  # the engine computes every loaded neuron with the dense graph
                 print(f"  phi {phi:<4}         = dense-over-loaded (every loaded neuron)")
                 continue
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  phi {phi:<4}         {'':22} | {si:6.3f} | {si / loaded:9.3f} "
                   f"{1.15 * phi / args.load_ratio:7.3f} {dense / si:8.3f}")
     for n_tokens in [t for t in args.tokens if t > 1]:
-        n_select = min(n_load, round(args.compute_ratios[0] * n_ff))
+        n_select = computed_neurons(args.compute_ratios[0], n_ff, n_load)
         m = medians(TYPES[args.type], n_embd, n_ff, n_load, min(n_static, n_select), n_select, n_tokens,
                     args.threads, args.reps)
         dense = m["dense gate+up"] + m["dense down"]

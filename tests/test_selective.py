@@ -292,3 +292,14 @@ def test_cli_knobs(cli, si_model, tiny_model):
     assert core.returncode == 0, core.stderr
     dense = cli("-m", tiny_model("tiny-llama", "F32"), "-p", "x", "--dense-ffn")
     assert dense.returncode == 1 and "need a SelectInfer GGUF" in dense.stderr
+
+
+def test_python_counts_the_computed_neurons_as_the_engine_does(si_model):
+    """The benchmark's bytes-read yardstick counts the neurons a layer computes with the engine's
+    rule (lround of phi * N in float32), at every phi a file allows."""
+    from selectinfer.bench import computed_neurons
+
+    for phi in (0.25, 0.2501, 0.3, 0.333, 0.4, 0.5, 0.61, 0.75):
+        with Model(si_model, n_ctx=64, compute_ratio=phi) as m:
+            engine = {len(ids) for ids in m.selected_neurons().values()}
+        assert engine == {computed_neurons(phi, 256, 192)}, phi

@@ -144,3 +144,25 @@ def test_a_message_quoting_bytes_from_the_file_is_still_text(si_parts, tmp_path)
     changed = with_fields(fields, general__architecture=(V.STRING, b"l\xbbama", None))
     with pytest.raises(ModelLoadError, match="unknown model architecture: 'l\ufffdama'"):
         Model(write_gguf(tmp_path / "bad.gguf", changed, tensors), n_ctx=64)
+
+
+def test_the_reader_and_the_writer_agree_on_the_keys(si_parts):
+    """The keys cpp/si_gguf.cpp reads are the keys python/selectinfer/convert.py writes, and both
+    say the same format version (the format is defined twice, in two languages)."""
+    import re
+    from pathlib import Path
+
+    from selectinfer.convert import SI_FORMAT_VERSION
+
+    source = (Path(__file__).resolve().parent.parent / "cpp" / "si_gguf.cpp").read_text()
+    keys = re.findall(r'constexpr const char \* k\w+ += "(selectinfer\.[\w.]+)"', source)
+    _, fields, _ = si_parts
+    assert len(keys) >= 10
+    for key in keys:
+        if key.endswith("."):  # per-layer keys: selectinfer.neuron_ids.<layer>
+            assert any(k.startswith(key) for k in fields), key
+        else:
+            assert key in fields, key
+    version = re.search(r"constexpr uint32_t kFormatVersion = (\d+);", (Path(__file__).resolve().parent.parent /
+                                                                     "cpp" / "si_gguf.h").read_text())
+    assert int(version.group(1)) == SI_FORMAT_VERSION == fields["selectinfer.format_version"][1]

@@ -5,11 +5,13 @@ falls on every model alike; the report gives medians and each model's ratio to t
 """
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from . import _native
@@ -113,6 +115,13 @@ def bytes_read_per_token(path, compute_ratio: float | None = None) -> int:
 _SI_FFN = re.compile(r"blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down_t)\.weight")
 
 
+def computed_neurons(compute_ratio: float, n_original: int, n_load: int) -> int:
+    """Neurons a SelectInfer layer computes at decode, as the engine counts them
+    (cpp/neuron_selection.cpp: lround of phi * N in float32, at most the loaded ones)."""
+    product = float(np.float32(compute_ratio) * np.float32(n_original))
+    return min(n_load, int(math.floor(product + 0.5)))
+
+
 def _bytes_read(header: dict, compute_ratio: float | None = None) -> int:
     tensors = {t["name"]: t for t in header["tensors"]}
     n_original = int(header["kv"].get("selectinfer.original_feed_forward_length", 0))
@@ -125,7 +134,7 @@ def _bytes_read(header: dict, compute_ratio: float | None = None) -> int:
         down_t = ffn and tensors.get(f"blk.{ffn.group(1)}.ffn_down_t.weight")
         if compute_ratio is not None and down_t:  # an FFN matrix of a SelectInfer layer
             n_load = down_t["ne"][1]
-            nbytes = nbytes * min(n_load, round(compute_ratio * n_original)) // n_load
+            nbytes = nbytes * computed_neurons(compute_ratio, n_original, n_load) // n_load
         total += nbytes
     return total
 
