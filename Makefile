@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 PROMPT ?= The capital of France is
 
-.PHONY: demo test test-asan test-portable test-aarch64 install install-test upstream dev clean
+.PHONY: demo test test-asan test-portable test-aarch64 test-dl install install-test upstream dev clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,14 @@ test-portable: $(PY)
 test-aarch64: $(PY)
 	$(TEST_DEPS)
 	PY=$(PY) scripts/test_variant.sh aarch64
+
+# The packagers' build: backends as modules loaded at run time (one CPU module here; the
+# one-binary build, SELECTINFER_CPU_ALL_VARIANTS, builds a dozen and is only configured: every
+# CPU variant must get the sparse kernels). `scripts/test_variant.sh all-variants` builds it all.
+test-dl: $(PY)
+	$(TEST_DEPS)
+	PY=$(PY) scripts/test_variant.sh dl
+	PY=$(PY) scripts/check_all_variants.sh
 
 # Developer loop: editable install with the build tree kept in build/; rerun after editing cpp/.
 dev: $(PY)

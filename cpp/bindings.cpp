@@ -54,7 +54,10 @@ PYBIND11_MODULE(_native, m) {
     py::register_exception<ContextOverflowError>(m, "ContextOverflowError", PyExc_ValueError);
 
     m.def("llama_version", [] { return std::string(llama_version()); });
-    m.def("system_info", [] { return std::string(llama_print_system_info()); });
+    m.def("system_info", [] {
+        init_backends();  // a build that loads its CPU backend at run time has none before
+        return std::string(llama_print_system_info());
+    });
     m.def("process_rss_bytes", &process_rss_bytes);
     m.def("extra_buffer_types", &cpu_extra_buffer_types);
     m.def("sparse_fused_types", [] {

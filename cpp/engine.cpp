@@ -5,11 +5,13 @@
 #include "neuron_selection.h"
 
 #include "ggml-backend.h"
-#include "ggml-cpu.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#if defined(GGML_BACKEND_DL)
+#include <dlfcn.h>
+#endif
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -105,12 +107,20 @@ std::string take_last_error() {
     return valid_utf8(out);
 }
 
+#if defined(GGML_BACKEND_DL)
+// The folder of libllama: a build whose backends are loaded at run time installs them beside it
+// (SELECTINFER_CPU_ALL_VARIANTS), for the extension module and the programs alike.
+std::string own_folder() {
+    Dl_info info;
+    if (!dladdr((void *) &llama_backend_init, &info) || !info.dli_fname) return ".";
+    std::string path = info.dli_fname;
+    const size_t slash = path.rfind('/');
+    return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+#endif
+
 void init_backend_once(bool verbose) {
-    static std::once_flag once;
-    std::call_once(once, [] {
-        llama_log_set(log_callback, nullptr);
-        llama_backend_init();
-    });
+    init_backends();
     std::lock_guard<std::mutex> lock(log_state().mutex);
     log_state().verbose = verbose;
 }
@@ -134,6 +144,17 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }
 
 }  // namespace
+
+void init_backends() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        llama_log_set(log_callback, nullptr);
+        llama_backend_init();
+#if defined(GGML_BACKEND_DL)
+        ggml_backend_load_all_from_path(own_folder().c_str());  // the CPU variant this machine runs best
+#endif
+    });
+}
 
 std::pair<uint64_t, uint64_t> process_rss_bytes() {
     std::ifstream status("/proc/self/status");

@@ -76,6 +76,10 @@ struct ChatMessage {
     std::string content;
 };
 
+// llama.cpp's backends, initialized once per process (and, in a build whose backends are loaded
+// at run time, loaded from the folder of this library); every entry point calls it.
+void init_backends();
+
 // Resident set size of this process (now, peak) in bytes, from /proc.
 std::pair<uint64_t, uint64_t> process_rss_bytes();
 

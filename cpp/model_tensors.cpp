@@ -2,7 +2,6 @@
 #include "model_tensors.h"
 
 #include "ggml-backend.h"
-#include "ggml-cpu.h"
 #include "llama-mmap.h"
 #include "llama-model-loader.h"
 #include "llama-model.h"
@@ -14,6 +13,20 @@
 
 namespace selectinfer {
 
+namespace {
+
+// A type a weight matrix can have: float, or a quantization with a conversion to float and a dot
+// product (Q8_1 and Q8_K only quantize activations: ggml's CPU backend has no dot product for them
+// as weights). Told from the type alone, so that libllama needs no CPU backend symbol (a build
+// may load its CPU backend at run time).
+bool is_weight_type(ggml_type type) {
+    if (type == GGML_TYPE_F16 || type == GGML_TYPE_BF16) return true;
+    return ggml_is_quantized(type) && ggml_get_type_traits(type)->to_float && type != GGML_TYPE_Q8_1 &&
+           type != GGML_TYPE_Q8_K;
+}
+
+}  // namespace
+
 void check_model(const llama_model & model) {
     for (const auto & [key, eps] : {std::pair<const char *, float>{"attention.layer_norm_rms_epsilon", model.hparams.f_norm_rms_eps},
                                     {"attention.layer_norm_epsilon", model.hparams.f_norm_eps}}) {
@@ -23,8 +36,7 @@ void check_model(const llama_model & model) {
     }
     for (const auto & [name, t] : model.tensors_by_name) {
         const bool matrix = ggml_n_dims(t) >= 2;
-        const bool ok = t->type == GGML_TYPE_F32 ||  // F32 needs no conversion to float
-                        (matrix && ggml_get_type_traits_cpu(t->type)->vec_dot && ggml_get_type_traits(t->type)->to_float);
+        const bool ok = t->type == GGML_TYPE_F32 || (matrix && is_weight_type(t->type));
         if (!ok) {
             throw std::runtime_error("tensor '" + name + "' is " + ggml_type_name(t->type) + ", which the CPU kernels " +
                                      (matrix ? "cannot multiply" : "do not take for a vector (F32)") +

@@ -1,6 +1,7 @@
 #include "op_runner.h"
 
-#include "ggml-cpu.h"
+#include "engine.h"
+#include "ggml-backend.h"
 #include "ggml.h"
 #include "neuron_selection.h"
 #include "sparse_ffn_ops.h"
@@ -16,6 +17,33 @@
 namespace selectinfer {
 
 namespace {
+
+// The CPU backend through ggml's registry: a build whose CPU backend is loaded at run time (one
+// module per CPU variant, GGML_CPU_ALL_VARIANTS) has no other way to it. Graphs of tensors in
+// plain ggml contexts run on it as they are.
+class CpuBackend {
+public:
+    explicit CpuBackend(int n_threads) {
+        init_backends();
+        backend_ = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+        if (!backend_) throw std::runtime_error("no CPU backend in this build");
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(ggml_backend_get_device(backend_));
+        auto set_n_threads = (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
+        if (set_n_threads) set_n_threads(backend_, n_threads);
+    }
+    ~CpuBackend() { ggml_backend_free(backend_); }
+    CpuBackend(const CpuBackend &) = delete;
+    CpuBackend & operator=(const CpuBackend &) = delete;
+
+    void compute(ggml_cgraph * gf) {
+        if (ggml_backend_graph_compute(backend_, gf) != GGML_STATUS_SUCCESS) {
+            throw std::runtime_error("graph compute failed");
+        }
+    }
+
+private:
+    ggml_backend_t backend_ = nullptr;
+};
 
 void require(bool ok, const std::string & what) {
     if (!ok) throw std::invalid_argument(what);
@@ -94,9 +122,7 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
     }
     ggml_cgraph * gf = ggml_new_graph(ctx.get());
     ggml_build_forward_expand(gf, out);
-    if (ggml_graph_compute_with_ctx(ctx.get(), gf, n_threads) != GGML_STATUS_SUCCESS) {
-        throw std::runtime_error("graph compute failed");
-    }
+    CpuBackend(n_threads).compute(gf);
     return std::string((const char *) out->data, ggml_nbytes(out));
 }
 
@@ -120,15 +146,10 @@ void fill_random(ggml_tensor * t, std::mt19937 & rng) {
     }
 }
 
-// One run of a built graph, with a work buffer kept between runs (no allocation in ctx).
-double time_graph_ms(ggml_cgraph * gf, int n_threads, std::vector<uint8_t> & work) {
-    ggml_cplan plan = ggml_graph_plan(gf, n_threads, nullptr);
-    if (work.size() < plan.work_size) work.resize(plan.work_size);
-    plan.work_data = work.data();
+// One run of a built graph (the backend keeps its work buffer between runs).
+double time_graph_ms(CpuBackend & cpu, ggml_cgraph * gf) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (ggml_graph_compute(gf, &plan) != GGML_STATUS_SUCCESS) {
-        throw std::runtime_error("graph compute failed");
-    }
+    cpu.compute(gf);
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -201,9 +222,9 @@ std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type
         graphs.push_back(gf);
         times.push_back({step.first, {}});
     }
-    std::vector<uint8_t> work;
+    CpuBackend cpu(n_threads);
     for (int r = 0; r < n_reps; ++r) {  // interleaved, so that machine noise hits every step alike
-        for (size_t v = 0; v < steps.size(); ++v) times[v].second.push_back(time_graph_ms(graphs[v], n_threads, work));
+        for (size_t v = 0; v < steps.size(); ++v) times[v].second.push_back(time_graph_ms(cpu, graphs[v]));
     }
     return times;
 }

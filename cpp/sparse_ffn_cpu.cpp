@@ -173,25 +173,16 @@ template <ggml_type T> struct AddRows {
     }
 };
 
-// The weight types block_half has a loop for, on every CPU: one list for the query and the dispatch.
-#define SI_BLOCK_TYPES(X) X(F32) X(F16) X(BF16) X(Q8_0) X(Q4_0) X(Q4_1) X(Q4_K) X(Q5_K) X(Q6_K)
-
+// block_half has a loop for each of GGML_SI_FUSED_TYPES (sparse_ffn_ops.h), on every CPU.
 bool has_block_loop(ggml_type type) {
-    switch (type) {
-#define SI_CASE(T) case GGML_TYPE_##T:
-        SI_BLOCK_TYPES(SI_CASE)
-#undef SI_CASE
-            return true;
-        default:
-            return false;
-    }
+    return ggml_si_has_fused_loop(type);
 }
 
 // Runs K<type>::run(args...) for a type that has_block_loop.
 template <template <ggml_type> class K, typename... A> void with_block_type(ggml_type type, A... args) {
     switch (type) {
 #define SI_CASE(T) case GGML_TYPE_##T: K<GGML_TYPE_##T>::run(args...); break;
-        SI_BLOCK_TYPES(SI_CASE)
+        GGML_SI_FUSED_TYPES(SI_CASE)
 #undef SI_CASE
         default: GGML_ABORT("no block loop for type %s", ggml_type_name(type));
     }
@@ -424,10 +415,6 @@ inline float rank_key(float a, bool by_magnitude) {
 }  // namespace
 
 extern "C" {
-
-bool ggml_si_has_fused_loop(enum ggml_type type) {
-    return has_block_loop(type);
-}
 
 size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks) {
     switch (node->op) {

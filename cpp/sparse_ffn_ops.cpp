@@ -66,4 +66,15 @@ struct ggml_tensor * ggml_si_select(struct ggml_context * ctx, struct ggml_tenso
     return out;
 }
 
+bool ggml_si_has_fused_loop(enum ggml_type type) {
+    switch (type) {
+#define GGML_SI_CASE(T) case GGML_TYPE_##T:
+        GGML_SI_FUSED_TYPES(GGML_SI_CASE)
+#undef GGML_SI_CASE
+            return true;
+        default:
+            return false;
+    }
+}
+
 }  // extern "C"

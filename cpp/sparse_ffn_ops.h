@@ -51,8 +51,10 @@ void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params,
 void ggml_si_compute_forward_mul_rows_t(const struct ggml_compute_params * params, struct ggml_tensor * dst);
 void ggml_si_compute_forward_count(const struct ggml_compute_params * params, struct ggml_tensor * dst);
 void ggml_si_compute_forward_select(const struct ggml_compute_params * params, struct ggml_tensor * dst);
-// Whether the row ops have a fused loop for this weight type in this build (converting in
-// registers, several rows in flight; others go through ggml's per-row conversion).
+// The weight types the row ops have a fused loop for, on every CPU (converting in registers,
+// several rows in flight; other types go through ggml's per-row conversion): one list for the
+// kernels' dispatch (sparse_ffn_cpu.cpp) and for the query below.
+#define GGML_SI_FUSED_TYPES(X) X(F32) X(F16) X(BF16) X(Q8_0) X(Q4_0) X(Q4_1) X(Q4_K) X(Q5_K) X(Q6_K)
 GGML_API bool ggml_si_has_fused_loop(enum ggml_type type);
 // Work-buffer bytes an op needs with n_tasks threads (ggml_graph_plan).
 size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks);

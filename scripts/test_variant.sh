@@ -10,10 +10,14 @@
 #   aarch64   cross-built for 64-bit ARM (armv8.2-a with fp16 and dot products: Jetson Orin, recent
 #             phones and boards) with Debian's cross compiler, the tests run by an arm64 Python
 #             under qemu-aarch64 (scripts/arm64_sysroot.sh)
+#   dl        the CPU backend as a module loaded at run time from shared libraries installed beside
+#             the extension (what the one-binary build uses; one module): op, selection, CLI tests
+#   all-variants  SELECTINFER_CPU_ALL_VARIANTS: a CPU module per x86-64 variant, the best one for this
+#             CPU loaded at run time (slow to build: about a dozen CPU backends)
 #
 # The variant's build lives in build/<variant>/ (reused on later runs); its Python package is
 # staged in build/<variant>/pkg and runs with the test venv's other packages (not its selectinfer,
-# installed or editable); its programs are in build/<variant>/bin.
+# installed or editable); its programs are in build/<variant>/cmd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +27,7 @@ PY=${PY:-.venv/bin/python}
 dir=build/$variant
 tests=(tests/test_sparse_ops.py tests/test_selective.py tests/test_forward_vs_numpy.py tests/test_si_validation.py)
 env_vars=()
+dl=""                  # shared libraries and backend modules, staged by cmake --install
 instrumented=""        # a symbol the extension must have
 features_check="pass"  # what system_info() must say
 deps=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")  # the test venv's packages
@@ -50,8 +55,14 @@ case $variant in
                 "-DCMAKE_CXX_FLAGS=-idirafter $sysroot/usr/include")  # pyconfig.h of the arm64 Python
     features_check="i = n.system_info(); assert 'NEON = 1' in i and 'DOTPROD = 1' in i, i"
     ;;
+  dl | all-variants)
+    [ "$variant" = dl ] && cmake_args=(-DSELECTINFER_BACKEND_DL=ON) || cmake_args=(-DSELECTINFER_CPU_ALL_VARIANTS=ON)
+    tests+=(tests/test_cli.py tests/test_default_model.py)
+    features_check="i = n.system_info(); assert 'CPU :' in i, i"  # a CPU backend was loaded
+    dl=1
+    ;;
   *)
-    echo "unknown variant '$variant' (sanitize, portable or aarch64)" >&2
+    echo "unknown variant '$variant' (sanitize, portable, aarch64, dl or all-variants)" >&2
     exit 2
     ;;
 esac
@@ -63,11 +74,18 @@ cmake -S . -B "$dir" -G Ninja -DPython_EXECUTABLE="$PY" -Dpybind11_DIR="$("$PY" 
 cmake --build "$dir" --target _native selectinfer-cli
 
 # the package: our Python sources beside the variant's extension module
-rm -rf "$dir/pkg" "$dir/bin"
-mkdir -p "$dir/pkg/selectinfer" "$dir/bin"
+rm -rf "$dir/pkg" "$dir/cmd" "$dir/install"
+mkdir -p "$dir/pkg/selectinfer" "$dir/cmd"
 cp python/selectinfer/*.py "$dir/pkg/selectinfer/"
 native=$(ls "$dir"/_native*.so)
 cli=$(find "$dir" -maxdepth 2 -name selectinfer-cli -type f | head -1)
+if [ -n "$dl" ]; then  # installed as pip would: the extension, libraries and modules together
+  cmake --install "$dir" --prefix "$PWD/$dir/install" > /dev/null
+  cp -P "$dir"/install/selectinfer/lib* "$dir"/install/selectinfer/_native*.so "$dir/pkg/selectinfer/"
+  native=$(ls "$dir"/pkg/selectinfer/_native*.so)
+  cli=$dir/install/bin/selectinfer-cli
+  echo "selectinfer: $variant modules: $(cd "$dir/install/selectinfer" && ls libggml-cpu*.so | tr '\n' ' ')"
+fi
 if [ -n "$instrumented" ] && ! nm -D "$native" | grep "$instrumented" > /dev/null; then
   echo "selectinfer: $native is not instrumented ($instrumented missing)" >&2
   exit 1
@@ -82,12 +100,16 @@ if [ "$variant" = aarch64 ]; then
   python=("$(command -v qemu-aarch64)" -L "$sysroot" "$sysroot/usr/bin/python3.11")
   env_vars+=(PYTHONPATH="$PWD/$dir/pkg")
   printf '#!/bin/sh\nexec %s -L %s %s "$@"\n' "$(command -v qemu-aarch64)" "$sysroot" \
-      "$PWD/$dir/selectinfer-cli.arm64" > "$dir/bin/selectinfer-cli"
+      "$PWD/$dir/selectinfer-cli.arm64" > "$dir/cmd/selectinfer-cli"
 else
   # a venv that sees the staged package first, then the test venv's packages; its .pth files (an
   # editable install's import hook among them) are not processed, so no other selectinfer gets in
-  cp "$native" "$dir/pkg/selectinfer/"
-  cp "$cli" "$dir/bin/"
+  [ -n "$dl" ] || cp "$native" "$dir/pkg/selectinfer/"
+  if [ -n "$dl" ]; then  # keep its rpath to the installed libraries
+    ln -sf "$PWD/$cli" "$dir/cmd/selectinfer-cli"
+  else
+    cp "$cli" "$dir/cmd/"
+  fi
   venv=$dir/venv
   [ -x "$venv/bin/python" ] || "$PY" -m venv --without-pip "$venv"
   site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
@@ -95,10 +117,10 @@ else
   python=("$PWD/$venv/bin/python")
 fi
 printf '#!/bin/sh\nexec %s -c "import sys; from selectinfer.cli import main; sys.exit(main())" "$@"\n' \
-    "${python[*]}" > "$dir/bin/selectinfer"
-chmod +x "$dir/bin/selectinfer" "$dir/bin/selectinfer-cli"
+    "${python[*]}" > "$dir/cmd/selectinfer"
+chmod +x "$dir/cmd/selectinfer" "$dir/cmd/selectinfer-cli"
 env "${env_vars[@]}" "${python[@]}" -c "import selectinfer._native as n; assert n.__file__.startswith('$PWD/$dir/pkg'), n.__file__
 $features_check"
 
 echo "selectinfer: $variant build, running ${tests[*]}"
-env "${env_vars[@]}" SELECTINFER_BIN="$PWD/$dir/bin" "${python[@]}" -m pytest -p no:cacheprovider -q "${tests[@]}" "$@"
+env "${env_vars[@]}" SELECTINFER_BIN="$PWD/$dir/cmd" "${python[@]}" -m pytest -p no:cacheprovider -q "${tests[@]}" "$@"
