@@ -309,9 +309,7 @@ Engine::Engine(const ModelParams & params) : params_(params) {
 void Engine::configure_hooks() {
     ContextHooks & hooks = context_hooks(ctx_);
     const SelectionOverrides & asked = params_.selection;
-    const bool selection_asked = asked.compute_ratio || asked.token_ratio || asked.by_magnitude.value_or(false) ||
-                                 asked.dense.value_or(false) || asked.coreinfer.value_or(false);
-    if (selection_asked && !hooks.selection) {
+    if (asked.ask_for_selection() && !hooks.selection) {
         throw std::invalid_argument("selective computation options need a SelectInfer GGUF (selectinfer convert); " +
                                     params_.path + " is a dense model");
     }

@@ -47,7 +47,11 @@ struct SelectionOverrides {
     std::optional<bool>  dense;
     std::optional<bool>  coreinfer;
 
-    bool empty() const { return !compute_ratio && !token_ratio && !by_magnitude && !dense && !coreinfer; }
+    // Whether these ask for selective computation at all (settings that only restate the default do not).
+    bool ask_for_selection() const {
+        return compute_ratio || token_ratio || by_magnitude.value_or(false) || dense.value_or(false) ||
+               coreinfer.value_or(false);
+    }
     SelectionConfig applied_to(SelectionConfig config) const;
     // SELECTINFER_COMPUTE_RATIO, _TOKEN_RATIO, _SELECT_BY (value|magnitude), _DENSE, _COREINFER (0|1);
     // throws std::invalid_argument naming a malformed variable.

@@ -59,6 +59,11 @@ typedef uint16_t u16x16 __attribute__((vector_size(32)));
 
 template <typename V, typename S> inline V load_as(const S * p) { V v; std::memcpy(&v, p, sizeof v); return v; }
 inline f32x16 splat(float x) { return f32x16{} + x; }
+inline u8x16 splat_u8(uint8_t x) {  // a run-time byte in every lane (GCC refuses `vector + int` here)
+    u8x16 v;
+    std::memset(&v, x, sizeof v);
+    return v;
+}
 // integers to floats through 32-bit lanes: GCC scalarizes a direct 8-bit to float conversion
 template <typename V> inline f32x16 to_f32(V q) { return __builtin_convertvector(__builtin_convertvector(q, i32x16), f32x16); }
 inline float fp16(const uint8_t * p) { ggml_fp16_t d; std::memcpy(&d, p, 2); return GGML_CPU_FP16_TO_FP32(d); }
@@ -134,7 +139,7 @@ inline f32x16 block_half(const char * row, int64_t b, int half) {
         u8x16 q = j % 2 ? packed >> 4 : packed & 0x0F;
         if constexpr (five) {  // bit j of qh: a vector compare (x86 has no per-byte shift by a variable)
             const u8x16 high = load_as<u8x16>(sb + 16 + 16 * half);
-            q |= (u8x16) ((high & (uint8_t) (1u << j)) != 0) & 16;
+            q |= (u8x16) ((high & splat_u8((uint8_t) (1u << j))) != 0) & 16;
         }
         return splat(fp16(sb) * scale) * to_f32(q) - fp16(sb + 2) * min;
     } else if constexpr (T == GGML_TYPE_Q6_K) {
