@@ -3,6 +3,7 @@
 #include "activation_stats.h"
 #include "model_tensors.h"
 #include "neuron_selection.h"
+#include "si_gguf.h"
 
 #include "ggml-backend.h"
 
@@ -270,7 +271,11 @@ Engine::Engine(const ModelParams & params) : params_(params) {
     mp.load_mode = params_.use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
     mp.use_extra_bufts = params_.repack;
     take_last_error();
-    model_ = llama_model_load_from_file(params_.path.c_str(), mp);
+    {
+        // CoreInfer mode gathers any loaded row: the loader keeps a SelectInfer layer whole for it (si_gguf.h)
+        const CoreInferLoad coreinfer(params_.selection.coreinfer);
+        model_ = llama_model_load_from_file(params_.path.c_str(), mp);
+    }
     if (!model_) {
         std::string why = take_last_error();
         // a SelectInfer refusal names its own fix; other failures get the usual suspects
@@ -632,6 +637,10 @@ ActivationSums Engine::activation_sums(bool reset) {
 
 std::map<std::string, uint64_t> Engine::weight_buffers() const {
     return weight_bytes_by_buffer(*model_);
+}
+
+std::map<std::string, WeightPlacement> Engine::weight_placement() const {
+    return selectinfer::weight_placement(*model_);
 }
 
 std::string Engine::describe() const {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "ffn_hook.h"
+#include "model_tensors.h"
 #include "neuron_selection.h"
 #include "llama.h"
 
@@ -141,6 +142,7 @@ public:
     void reset_stats();
     std::string describe() const;  // one line: arch, size, type
     std::map<std::string, uint64_t> weight_buffers() const;  // bytes of weights per buffer type
+    std::map<std::string, WeightPlacement> weight_placement() const;  // per weight: shape, buffer type
     std::string meta(const std::string & key) const;  // metadata value, "" when absent
 
     // --- selective computation (SelectInfer models) ---

@@ -51,8 +51,8 @@ bool selectinfer_adapters_supported(void * hooks, llama_adapter_lora ** adapters
         if (scales[i] == 0.0f) continue;  // not applied
         for (const auto & [il, n_load] : info->n_load) {
             const llama_layer & layer = h->model->layers[il];
-            for (ggml_tensor * w : {layer.ffn_gate, layer.ffn_up, layer.ffn_down_t}) {
-                if (adapters[i]->get_weight(w)) {
+            for (ggml_tensor * w : {layer.ffn_gate, layer.ffn_up, layer.ffn_gate_dyn, layer.ffn_up_dyn, layer.ffn_down_t}) {
+                if (w && adapters[i]->get_weight(w)) {
                     LLAMA_LOG_ERROR("%s: the LoRA adapter changes %s, the FFN of a SelectInfer layer, which the sparse "
                                     "ops compute without LoRA; apply the adapter to the original model before "
                                     "converting it\n", __func__, w->name);
@@ -64,9 +64,17 @@ bool selectinfer_adapters_supported(void * hooks, llama_adapter_lora ** adapters
     return true;
 }
 
-std::shared_ptr<const void> selectinfer_model_loaded(const llama_model & model, const gguf_context * meta) {
+void selectinfer_split_static_rows(llama_model_loader & loader, bool repack) {
+    selectinfer::split_static_rows(loader, repack);
+}
+
+void selectinfer_create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff) {
+    selectinfer::create_ffn_tensors(model, layer, il, n_embd, n_ff);
+}
+
+std::shared_ptr<const void> selectinfer_model_loaded(const llama_model & model, const llama_model_loader & loader) {
     selectinfer::check_model(model);
-    return selectinfer::read_si_model_info(model, meta);
+    return selectinfer::read_si_model_info(model, loader);
 }
 
 void selectinfer_release_copied_weights(const llama_model & model, llama_model_loader & loader) {

@@ -46,16 +46,29 @@ struct llama_adapter_lora;
 bool selectinfer_adapters_supported(void * hooks, llama_adapter_lora ** adapters, size_t n_adapters,
                                     const float * scales);
 
-// After llama.cpp has loaded a model's tensors from the GGUF `meta` (0002): checks any model
-// (model_tensors.h) and returns the validated SelectInfer description of the model (si_gguf.h),
-// or null for a dense model. Throws std::runtime_error naming the tensor, key or layer when the
-// file is inconsistent; the load fails.
-struct gguf_context;
-std::shared_ptr<const void> selectinfer_model_loaded(const llama_model & model, const gguf_context * meta);
+// Before llama.cpp creates a model's tensors (0002): when weights may be repacked (`repack`:
+// llama_model_params::use_extra_bufts), the static rows of each SelectInfer layer's gate and up
+// become tensors of their own, which ggml may repack, and the other rows `ffn_gate_dyn` and
+// `ffn_up_dyn` (si_gguf.h). The file is not read yet: a layer whose metadata does not fit is left
+// whole, for the checks after the load to refuse.
+struct llama_model_loader;
+void selectinfer_split_static_rows(llama_model_loader & loader, bool repack);
+
+// Creates a SelectInfer layer's FFN tensors other than ffn_down_t, in the architecture's
+// load_arch_tensors (0002): gate and up whole (row-gathered kinds: no repacking) or split as
+// selectinfer_split_static_rows decided.
+struct llama_model_base;
+struct llama_layer;
+void selectinfer_create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff);
+
+// After llama.cpp has loaded a model's tensors (0002): checks any model (model_tensors.h) and
+// returns the validated SelectInfer description of the model (si_gguf.h), or null for a dense
+// model. Throws std::runtime_error naming the tensor, key or layer when the file is inconsistent;
+// the load fails.
+std::shared_ptr<const void> selectinfer_model_loaded(const llama_model & model, const llama_model_loader & loader);
 
 // After llama.cpp has read the weights, while the loader still holds the file mappings (0002):
 // releases the mapped pages of the weights ggml copied into other buffers (model_tensors.h).
-struct llama_model_loader;
 void selectinfer_release_copied_weights(const llama_model & model, llama_model_loader & loader);
 
 namespace selectinfer {

@@ -68,13 +68,26 @@ void release_copied_weights(const llama_model & model, llama_model_loader & load
     }
 }
 
+namespace {
+
+const char * buffer_name(const ggml_tensor * t) {
+    return t->buffer ? ggml_backend_buft_name(ggml_backend_buffer_get_type(t->buffer)) : "none";
+}
+
+}  // namespace
+
 std::map<std::string, uint64_t> weight_bytes_by_buffer(const llama_model & model) {
     std::map<std::string, uint64_t> bytes;
-    for (const auto & [name, t] : model.tensors_by_name) {
-        const char * buft = t->buffer ? ggml_backend_buft_name(ggml_backend_buffer_get_type(t->buffer)) : "none";
-        bytes[buft] += ggml_nbytes(t);
-    }
+    for (const auto & [name, t] : model.tensors_by_name) bytes[buffer_name(t)] += ggml_nbytes(t);
     return bytes;
+}
+
+std::map<std::string, WeightPlacement> weight_placement(const llama_model & model) {
+    std::map<std::string, WeightPlacement> out;
+    for (const auto & [name, t] : model.tensors_by_name) {
+        out[name] = {std::vector<int64_t>(t->ne, t->ne + ggml_n_dims(t)), buffer_name(t)};
+    }
+    return out;
 }
 
 }  // namespace selectinfer

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 struct llama_model;
 struct llama_model_loader;
@@ -25,5 +26,12 @@ void release_copied_weights(const llama_model & model, llama_model_loader & load
 // Bytes of weights per buffer type ("CPU", "CPU_Mapped", "CPU_REPACK", "AMX", "CUDA0", ...):
 // whether ggml repacked them for its faster kernels, and what that costs in memory.
 std::map<std::string, uint64_t> weight_bytes_by_buffer(const llama_model & model);
+
+// Every weight tensor: name -> (shape ne[0..n_dims), buffer type), as the model loaded it.
+struct WeightPlacement {
+    std::vector<int64_t> ne;
+    std::string buffer;
+};
+std::map<std::string, WeightPlacement> weight_placement(const llama_model & model);
 
 }  // namespace selectinfer

@@ -66,8 +66,12 @@ SelectionOverrides SelectionOverrides::from_environment() {
         o.by_magnitude = std::strcmp(by, "magnitude") == 0;
     }
     o.dense = env_flag("SELECTINFER_DENSE");
-    o.coreinfer = env_flag("SELECTINFER_COREINFER");
+    o.coreinfer = coreinfer_from_environment();
     return o;
+}
+
+std::optional<bool> SelectionOverrides::coreinfer_from_environment() {
+    return env_flag("SELECTINFER_COREINFER");
 }
 
 std::unique_ptr<NeuronSelection> NeuronSelection::for_model(const llama_model * model) {
@@ -78,6 +82,9 @@ std::unique_ptr<NeuronSelection> NeuronSelection::for_model(const llama_model * 
     std::unique_ptr<NeuronSelection> s(new NeuronSelection(model, *info));
     try {
         s->file_config_ = SelectionOverrides::from_environment().applied_to(s->file_config_);
+        // static rows apart: the model was loaded for a run outside CoreInfer mode, which the
+        // loader read from the same environment unless the engine's caller said so (and wins)
+        if (!info->static_apart.empty()) s->file_config_.coreinfer = false;
         s->apply(s->file_config_);
     } catch (const std::invalid_argument & e) {
         // upstream's tools silence llama.cpp's log, where the failed context would be explained
@@ -98,6 +105,7 @@ NeuronSelection::NeuronSelection(const llama_model * model, const SiModelInfo & 
         l.il = il;
         l.n_load = n_load;
         l.n_static = info.n_static.at(il);
+        l.static_apart = info.static_apart.count(il) > 0;
         layer_index_[il] = (int) layers_.size();
         layers_.push_back(l);
     }
@@ -117,6 +125,12 @@ void NeuronSelection::apply(const SelectionConfig & cfg) {
             << (cfg.coreinfer ? "0 (CoreInfer mode)" : "the file's static ratio (delta) " + std::to_string(info_.static_ratio))
             << " and the load ratio (gamma) " << info_.load_ratio;
         throw std::invalid_argument(msg.str());
+    }
+    if (cfg.coreinfer && !info_.static_apart.empty()) {
+        throw std::invalid_argument(
+            "CoreInfer mode chooses among every loaded neuron, but this model loaded its static neurons apart "
+            "(for ggml's repacked kernels): load it in CoreInfer mode (Model(coreinfer=True), --coreinfer, "
+            "SELECTINFER_COREINFER=1) or without repacking (--no-repack)");
     }
     if (!(cfg.token_ratio > 0 && cfg.token_ratio <= 1)) {
         std::ostringstream msg;
@@ -199,13 +213,13 @@ ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, l
         res->add_input(std::make_unique<BatchWatcher>(this, prompt));
     }
     built_prompt_ = prompt;
+    const SiFfnWeights weights = SiFfnWeights::of(w);
     const bool all_loaded = config_.dense || l.n_select == l.n_load;
     if (!prompt && !all_loaded) {
-        return build_sparse_ffn(ctx, w.ffn_gate, w.ffn_up, w.ffn_down_t, x, ids, kept_static(l),
-                                l.n_select - kept_static(l));
+        return build_sparse_ffn(ctx, weights, x, ids, kept_static(l), l.n_select - kept_static(l));
     }
     // dense over the loaded neurons; a prompt selects its neurons in the same graph
-    ggml_tensor * act = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, w.ffn_gate, x), ggml_mul_mat(ctx, w.ffn_up, x));
+    ggml_tensor * act = build_loaded_activations(ctx, weights, x);
     if (prompt && !all_loaded) {
         ggml_tensor * counts = (*counts_)[layer_index_[il]];
         const SelectionNodes chosen = build_selection(ctx, act, counts, kept_static(l), l.n_select - kept_static(l),
@@ -216,22 +230,49 @@ ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, l
     return ggml_si_mul_rows_t(ctx, w.ffn_down_t, act, nullptr);
 }
 
-ggml_tensor * build_sparse_ffn(ggml_context * ctx, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down_t,
-                               ggml_tensor * x, ggml_tensor * ids, int n_static, int n_dynamic) {
+SiFfnWeights SiFfnWeights::of(const llama_layer & layer) {
+    SiFfnWeights w;
+    w.gate = layer.ffn_gate;
+    w.up = layer.ffn_up;
+    w.down_t = layer.ffn_down_t;
+    if (layer.ffn_gate->ne[1] < layer.ffn_down_t->ne[1] || layer.ffn_gate_dyn) {  // static rows apart
+        w.gate_dyn = layer.ffn_gate_dyn;
+        w.up_dyn = layer.ffn_up_dyn;
+        w.first_dynamic = (int) layer.ffn_gate->ne[1];
+    }
+    return w;
+}
+
+ggml_tensor * build_loaded_activations(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x) {
+    ggml_tensor * act = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, w.gate, x), ggml_mul_mat(ctx, w.up, x));
+    if (w.gate_dyn) {
+        ggml_tensor * rest = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, w.gate_dyn, x), ggml_mul_mat(ctx, w.up_dyn, x));
+        act = ggml_concat(ctx, act, rest, 0);
+    }
+    return act;
+}
+
+ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, ggml_tensor * ids,
+                               int n_static, int n_dynamic) {
     ggml_tensor * out = nullptr;
     if (n_static > 0) {
         // the static neurons are the first rows: upstream's dense matmul over them (its tiled
-        // kernel reads a contiguous block faster than any row gather)
-        auto first_rows = [&](ggml_tensor * t) { return ggml_view_2d(ctx, t, t->ne[0], n_static, t->nb[1], 0); };
-        ggml_tensor * act = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, first_rows(gate), x),
-                                              ggml_mul_mat(ctx, first_rows(up), x));
-        out = ggml_si_mul_rows_t(ctx, down_t, act, nullptr);
+        // kernel, on repacked weights where ggml repacks them, reads a contiguous block faster
+        // than any row gather)
+        auto first_rows = [&](ggml_tensor * t) {
+            return t->ne[1] == n_static ? t : ggml_view_2d(ctx, t, t->ne[0], n_static, t->nb[1], 0);
+        };
+        ggml_tensor * act = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, first_rows(w.gate), x),
+                                              ggml_mul_mat(ctx, first_rows(w.up), x));
+        out = ggml_si_mul_rows_t(ctx, w.down_t, act, nullptr);
     }
     if (n_dynamic > 0) {
         ggml_tensor * dynamic = ggml_view_1d(ctx, ids, n_dynamic, n_static * sizeof(int32_t));
-        ggml_tensor * act = ggml_swiglu_split(ctx, ggml_si_mul_rows(ctx, gate, x, dynamic),
-                                              ggml_si_mul_rows(ctx, up, x, dynamic));
-        ggml_tensor * part = ggml_si_mul_rows_t(ctx, down_t, act, dynamic);
+        ggml_tensor * gate = w.static_apart() ? w.gate_dyn : w.gate;
+        ggml_tensor * up = w.static_apart() ? w.up_dyn : w.up;
+        ggml_tensor * act = ggml_swiglu_split(ctx, ggml_si_mul_rows(ctx, gate, x, dynamic, w.first_dynamic),
+                                              ggml_si_mul_rows(ctx, up, x, dynamic, w.first_dynamic));
+        ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, dynamic);
         out = out ? ggml_add(ctx, out, part) : part;
     }
     return out;

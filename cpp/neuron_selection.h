@@ -21,6 +21,7 @@ class llm_graph_result;
 struct ggml_cgraph;
 struct ggml_context;
 struct ggml_tensor;
+struct llama_layer;
 struct llama_model;
 
 namespace selectinfer {
@@ -56,13 +57,32 @@ struct SelectionOverrides {
     // SELECTINFER_COMPUTE_RATIO, _TOKEN_RATIO, _SELECT_BY (value|magnitude), _DENSE, _COREINFER (0|1);
     // throws std::invalid_argument naming a malformed variable.
     static SelectionOverrides from_environment();
+    // SELECTINFER_COREINFER alone (the loader asks it: si_gguf.h).
+    static std::optional<bool> coreinfer_from_environment();
 };
+
+// A SelectInfer layer's FFN weights. gate and up hold every loaded row, or only the static ones
+// when those load apart (si_gguf.h: then gate_dyn and up_dyn hold the rows from first_dynamic on).
+struct SiFfnWeights {
+    ggml_tensor * gate = nullptr;
+    ggml_tensor * up = nullptr;
+    ggml_tensor * gate_dyn = nullptr;
+    ggml_tensor * up_dyn = nullptr;
+    ggml_tensor * down_t = nullptr;
+    int first_dynamic = 0;
+
+    static SiFfnWeights of(const llama_layer & layer);
+    bool static_apart() const { return first_dynamic > 0; }
+};
+
+// The activations of every loaded neuron for input x: act [n_load, T] (a prompt, or dense).
+ggml_tensor * build_loaded_activations(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x);
 
 // A decode step's FFN of a SelectInfer layer over the selection ids (static rows 0..n_static-1
 // first, then n_dynamic scattered rows): the static block by upstream's dense matmul, the
 // dynamic rows by the sparse ops (gate and up: ggml_si_mul_rows; down: ggml_si_mul_rows_t).
-ggml_tensor * build_sparse_ffn(ggml_context * ctx, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down_t,
-                               ggml_tensor * x, ggml_tensor * ids, int n_static, int n_dynamic);
+ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, ggml_tensor * ids,
+                               int n_static, int n_dynamic);
 
 // A prompt batch's selection from its activations act [n_load, T]: the running counts (this
 // batch's votes added to `counts`, the previous batches'; nullptr: from zero) and the chosen rows.
@@ -117,6 +137,7 @@ private:
         int n_load = 0;
         int n_static = 0;  // the file's; the selection keeps them unless in CoreInfer mode
         int n_select = 0;
+        bool static_apart = false;  // static rows in tensors of their own (si_gguf.h)
     };
     int kept_static(const Layer & l) const { return config_.coreinfer ? 0 : l.n_static; }
     NeuronSelection(const llama_model * model, const SiModelInfo & info);

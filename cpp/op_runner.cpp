@@ -67,19 +67,20 @@ void require_f32(const ggml_tensor * t, const char * name) {
     require(t->type == GGML_TYPE_F32, std::string(name) + " must be F32");
 }
 
-void require_row_ids(const ggml_tensor * ids, int64_t n_rows) {
+void require_row_ids(const ggml_tensor * ids, int64_t first_id, int64_t n_rows) {
     require(ids->type == GGML_TYPE_I32 && ggml_n_dims(ids) == 1, "ids must be a 1-D I32 array");
     const int32_t * id = (const int32_t *) ids->data;
     for (int64_t j = 0; j < ids->ne[0]; ++j) {
-        require(id[j] >= 0 && id[j] < n_rows, "row id " + std::to_string(id[j]) + " outside [0, " +
-                                                  std::to_string(n_rows) + ")");
+        require(id[j] >= first_id && id[j] - first_id < n_rows,
+                "row id " + std::to_string(id[j]) + " outside [" + std::to_string(first_id) + ", " +
+                    std::to_string(first_id + n_rows) + ")");
     }
 }
 
 }  // namespace
 
 std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & inputs, int n_threads, int n_static,
-                          int n_dynamic, float alpha, bool by_magnitude) {
+                          int n_dynamic, float alpha, bool by_magnitude, int first_id) {
     require(n_threads >= 1 && n_threads <= 512, "n_threads must be in [1, 512]");
     size_t bytes = 16 * 1024 * 1024;
     for (const auto & in : inputs) bytes += in.data.size() * 2 + 1024;
@@ -91,12 +92,13 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
     if (op == "mul_rows" && t.size() == 3) {
         require_f32(t[1], "x");
         require(t[1]->ne[0] == t[0]->ne[0], "x must have the weight's row length");
-        require_row_ids(t[2], t[0]->ne[1]);
-        out = ggml_si_mul_rows(ctx.get(), t[0], t[1], t[2]);
+        require(first_id >= 0, "first_id must be >= 0");
+        require_row_ids(t[2], first_id, t[0]->ne[1]);
+        out = ggml_si_mul_rows(ctx.get(), t[0], t[1], t[2], first_id);
     } else if (op == "mul_rows_t" && (t.size() == 2 || t.size() == 3)) {
         require_f32(t[1], "h");
         if (t.size() == 3) {
-            require_row_ids(t[2], t[0]->ne[1]);
+            require_row_ids(t[2], 0, t[0]->ne[1]);
             require(t[2]->ne[0] == t[1]->ne[0], "h must have one value per id");
         } else {
             require(t[1]->ne[0] <= t[0]->ne[1], "h has more values than the weight has rows");
@@ -209,7 +211,8 @@ std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type
         {"loaded down", {ggml_si_mul_rows_t(c, down_t, leaf(n_load), nullptr)}},
     };
     if (n_tokens == 1) {  // the engine's decode graph: static block by mul_mat, dynamic rows by the sparse ops
-        steps.push_back({"selected FFN", {build_sparse_ffn(c, gate_si, up_si, down_t, x, ids, (int) n_static, (int) (n_select - n_static))}});
+        steps.push_back({"selected FFN", {build_sparse_ffn(c, SiFfnWeights{gate_si, up_si, nullptr, nullptr, down_t, 0}, x, ids, (int) n_static,
+                                                                (int) (n_select - n_static))}});
     } else {  // a prompt computes the loaded layer and selects
         steps.push_back({"selection", {build_selection(c, leaf(n_load), nullptr, (int) n_static, (int) (n_select - n_static),
                                                        0.2f, false).ids}});

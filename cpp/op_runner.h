@@ -14,11 +14,12 @@ struct OpInput {
     std::string          data;  // raw bytes in `type`
 };
 
-// op: "mul_rows" (w, x, ids), "mul_rows_t" (w, h, ids or none), "count" (act, prev or none; alpha,
+// op: "mul_rows" (w, x, ids; first_id), "mul_rows_t" (w, h, ids or none), "count" (act, prev or none; alpha,
 // by_magnitude), "select" (counts; n_static, n_dynamic). Returns the output's raw bytes; inputs
 // that do not fit the op are std::invalid_argument.
 std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & inputs, int n_threads,
-                          int n_static = 0, int n_dynamic = 0, float alpha = 0.0f, bool by_magnitude = false);
+                          int n_static = 0, int n_dynamic = 0, float alpha = 0.0f, bool by_magnitude = false,
+                          int first_id = 0);
 
 
 // One SwiGLU FFN layer with random weights in `type` (n_embd, n_ff original neurons, n_load

@@ -2,13 +2,16 @@
 #include "si_gguf.h"
 
 #include "gguf.h"
+#include "llama-model-loader.h"
 #include "llama-model.h"
+#include "neuron_selection.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 namespace selectinfer {
 
@@ -134,19 +137,25 @@ bool sparse_ops_support(ggml_type t) {
     }
 }
 
-// A SelectInfer layer's FFN tensors against its metadata and the assumptions of the sparse ops.
-void check_layer(const llama_layer & layer, int il, int64_t n_load, int64_t n_original) {
+// A SelectInfer layer's FFN tensors against its metadata and the assumptions of the sparse ops
+// (gate and up hold the first n_gate_rows of the n_load rows when their static rows load apart).
+void check_layer(const llama_layer & layer, int il, int64_t n_load, int64_t n_gate_rows, int64_t n_original) {
     const std::string blk = "blk." + std::to_string(il) + ".";
     const ggml_tensor * down_t = layer.ffn_down_t;
     if (n_load < 1 || n_load > n_original) {
         refuse(blk + "ffn_down_t has " + std::to_string(n_load) + " neurons, outside [1, " + kOriginalN + " = " +
                std::to_string(n_original) + "]");
     }
-    for (const auto & [name, t] : {std::pair<const char *, const ggml_tensor *>{"ffn_gate", layer.ffn_gate},
-                                   {"ffn_up", layer.ffn_up}, {"ffn_down_t", down_t}}) {
+    using Part = std::tuple<const char *, const ggml_tensor *, int64_t>;  // name, tensor, rows
+    for (const auto & [name, t, rows] : {Part{"ffn_gate", layer.ffn_gate, n_gate_rows},
+                                         Part{"ffn_up", layer.ffn_up, n_gate_rows},
+                                         Part{"ffn_gate_dyn", layer.ffn_gate_dyn, n_load - n_gate_rows},
+                                         Part{"ffn_up_dyn", layer.ffn_up_dyn, n_load - n_gate_rows},
+                                         Part{"ffn_down_t", down_t, n_load}}) {
+        if (rows == 0 && !t) continue;  // no rows beyond the static ones
         if (!t) refuse(blk + name + " is missing");
-        if (t->ne[0] != down_t->ne[0] || t->ne[1] != n_load || t->ne[2] != 1 || t->ne[3] != 1) {
-            refuse(blk + name + " is not [n_embd, " + std::to_string(n_load) + "] like " + blk + "ffn_down_t");
+        if (t->ne[0] != down_t->ne[0] || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1) {
+            refuse(blk + name + " is not [n_embd, " + std::to_string(rows) + "] like " + blk + "ffn_down_t");
         }
         if (!sparse_ops_support(t->type)) {
             std::string type = ggml_type_name(t->type);
@@ -183,9 +192,9 @@ void check_neuron_ids(const Metadata & m, int il, int64_t n_load, int64_t n_orig
 
 }  // namespace
 
-std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model, const gguf_context * meta) {
+std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model, const llama_model_loader & loader) {
     const int n_layer = (int) model.layers.size();
-    const Metadata m(meta);
+    const Metadata m(loader.metadata);
     if (!m.has(kVersion)) {
         for (int il = 0; il < n_layer; ++il) {
             if (model.layers[il].ffn_down_t) {
@@ -231,7 +240,12 @@ std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model,
         if (!layer.ffn_down_t) refuse(std::string(kLayers) + " lists layer " + std::to_string(il) + " but blk." +
                                       std::to_string(il) + ".ffn_down_t is missing");
         const int64_t n_load = layer.ffn_down_t->ne[1];
-        check_layer(layer, (int) il, n_load, info->n_original);
+        const auto apart = loader.selectinfer_static_rows.find((int) il);
+        const bool static_apart = apart != loader.selectinfer_static_rows.end();
+        if (static_apart && apart->second != statics[i]) {
+            refuse(std::string(kStaticCounts) + " changed while layer " + std::to_string(il) + " loaded");
+        }
+        check_layer(layer, (int) il, n_load, static_apart ? statics[i] : n_load, info->n_original);
         if (statics[i] < 0 || statics[i] > n_load || (static_count >= 0 && statics[i] != static_count)) {
             refuse(std::string(kStaticCounts) + " gives layer " + std::to_string(il) + " " + std::to_string(statics[i]) +
                    " static neurons (of " + std::to_string(n_load) + " loaded" +
@@ -240,6 +254,7 @@ std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model,
         check_neuron_ids(m, (int) il, n_load, info->n_original);
         info->n_load[(int) il] = (int32_t) n_load;
         info->n_static[(int) il] = (int32_t) statics[i];
+        if (static_apart) info->static_apart.insert((int) il);
     }
     for (int il = 0; il < n_layer; ++il) {
         if (model.layers[il].ffn_down_t && !info->n_load.count(il)) {
@@ -248,6 +263,107 @@ std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model,
         }
     }
     return info;
+}
+
+namespace {
+
+thread_local std::optional<bool> t_coreinfer_load;
+
+bool loading_for_coreinfer() {
+    if (t_coreinfer_load) return *t_coreinfer_load;
+    try {
+        return SelectionOverrides::coreinfer_from_environment().value_or(false);
+    } catch (const std::invalid_argument &) {
+        return false;  // the context refuses the knob, with its message
+    }
+}
+
+// The loader's view of tensor `name` as two: rows [0, n_first) under its own name, the rest
+// (when there are any) as `rest_name`, at the same file bytes.
+void split_rows(llama_model_loader & loader, const std::string & name, const std::string & rest_name, int64_t n_first,
+                ggml_context * ctx) {
+    llama_model_loader::llama_tensor_weight & whole = loader.weights_map.at(name);
+    ggml_tensor * t = whole.tensor;
+    const int64_t n_rest = t->ne[1] - n_first;
+    if (n_rest > 0) {
+        ggml_tensor * rest = ggml_new_tensor_2d(ctx, t->type, t->ne[0], n_rest);
+        ggml_set_name(rest, rest_name.c_str());
+        llama_model_loader::llama_tensor_weight w = whole;
+        w.tensor = rest;
+        w.offs = whole.offs + (size_t) n_first * t->nb[1];
+        loader.weights_map.emplace(rest_name, w);
+        loader.n_tensors++;
+    }
+    t->ne[1] = n_first;
+    t->nb[2] = t->nb[1] * t->ne[1];
+    t->nb[3] = t->nb[2] * t->ne[2];
+}
+
+}  // namespace
+
+void split_static_rows(llama_model_loader & loader, bool repack) {
+    const Metadata m(loader.metadata);
+    if (!repack || !m.has(kVersion) || loading_for_coreinfer()) return;
+    std::vector<int64_t> layers, statics;
+    try {
+        layers = m.integers(kLayers);
+        statics = m.integers(kStaticCounts);
+    } catch (const std::runtime_error &) {
+        return;  // refused after the load, with the reason
+    }
+    if (layers.size() != statics.size()) return;
+    ggml_context * ctx = nullptr;
+    for (size_t i = 0; i < layers.size(); ++i) {
+        const int64_t il = layers[i], n_static = statics[i];
+        if (il < 0 || il > INT32_MAX || n_static <= 0 || loader.selectinfer_static_rows.count((int) il)) continue;
+        const std::string blk = "blk." + std::to_string(il) + ".";
+        const ggml_tensor * down_t = loader.get_tensor_meta((blk + "ffn_down_t.weight").c_str());
+        if (!down_t || n_static > down_t->ne[1]) continue;
+        bool fits = true;
+        for (const char * kind : {"ffn_gate", "ffn_up"}) {
+            const ggml_tensor * t = loader.get_tensor_meta((blk + kind + ".weight").c_str());
+            fits = fits && t && ggml_n_dims(t) == 2 && t->ne[1] == down_t->ne[1] &&
+                   !loader.get_tensor_meta((blk + kind + "_dyn.weight").c_str());
+        }
+        if (!fits) continue;
+        if (!ctx) {  // the meta tensors of the dynamic rows, freed with the loader's own
+            ggml_init_params params = {2 * layers.size() * ggml_tensor_overhead(), nullptr, true};
+            ctx = ggml_init(params);
+            if (!ctx) throw std::runtime_error("out of memory splitting SelectInfer tensors");
+            loader.contexts.emplace_back(ctx);
+        }
+        for (const char * kind : {"ffn_gate", "ffn_up"}) {
+            split_rows(loader, blk + kind + ".weight", blk + kind + "_dyn.weight", n_static, ctx);
+        }
+        loader.selectinfer_static_rows[(int) il] = n_static;
+    }
+}
+
+void create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff) {
+    const auto & tn = model.tn;
+    const auto apart = model.ml->selectinfer_static_rows.find(il);
+    if (apart == model.ml->selectinfer_static_rows.end()) {
+        layer.ffn_gate = model.create_tensor(tn(LLM_TENSOR_FFN_GATE_ROWS, "weight", il), {n_embd, n_ff}, 0);
+        layer.ffn_up   = model.create_tensor(tn(LLM_TENSOR_FFN_UP_ROWS, "weight", il), {n_embd, n_ff}, 0);
+    } else {
+        const int64_t n_static = apart->second;
+        layer.ffn_gate = model.create_tensor(tn(LLM_TENSOR_FFN_GATE, "weight", il), {n_embd, n_static}, 0);
+        layer.ffn_up   = model.create_tensor(tn(LLM_TENSOR_FFN_UP, "weight", il), {n_embd, n_static}, 0);
+        if (n_ff > n_static) {
+            layer.ffn_gate_dyn = model.create_tensor(tn(LLM_TENSOR_FFN_GATE_DYN, "weight", il), {n_embd, n_ff - n_static}, 0);
+            layer.ffn_up_dyn   = model.create_tensor(tn(LLM_TENSOR_FFN_UP_DYN, "weight", il), {n_embd, n_ff - n_static}, 0);
+        }
+    }
+    // present only in a broken file: refused after the load
+    layer.ffn_down = model.create_tensor(tn(LLM_TENSOR_FFN_DOWN, "weight", il), {n_ff, n_embd}, model.TENSOR_NOT_REQUIRED);
+}
+
+CoreInferLoad::CoreInferLoad(std::optional<bool> coreinfer) : previous_(t_coreinfer_load) {
+    t_coreinfer_load = coreinfer;
+}
+
+CoreInferLoad::~CoreInferLoad() {
+    t_coreinfer_load = previous_;
 }
 
 const SiModelInfo * si_model_info(const llama_model & model) {

@@ -23,17 +23,31 @@
 
 namespace {
 
-int64_t row_of(const ggml_tensor * ids, int64_t j) {
-    return ids ? (int64_t) ((const int32_t *) ids->data)[j] : j;
-}
+// The weight row of an op's j-th neuron: ids[j] - first_id (the id of the weight's row 0; the
+// dynamic rows of a layer whose static rows live apart start at n_static), or j without ids.
+struct RowIds {
+    const int32_t * ids = nullptr;
+    int64_t first_id = 0;
+    int64_t n = 0;
 
-// Every row id within the weight's rows (upstream's get_rows checks its indices the same way).
-void check_row_ids(const ggml_tensor * w, const ggml_tensor * ids, const char * op) {
-    if (!ids) return;
-    const int32_t * id = (const int32_t *) ids->data;
-    for (int64_t j = 0; j < ids->ne[0]; ++j) {
-        if (id[j] < 0 || id[j] >= w->ne[1]) {
-            GGML_ABORT("%s: row id %d outside the %lld rows of %s", op, id[j], (long long) w->ne[1], w->name);
+    explicit RowIds(const ggml_tensor * dst) {
+        if (const ggml_tensor * t = dst->src[2]) {
+            ids = (const int32_t *) t->data;
+            n = t->ne[0];
+        }
+        if (dst->op == GGML_OP_SI_MUL_ROWS) first_id = ggml_get_op_params_i32(dst, GGML_SI_MUL_ROWS_FIRST_ID);
+    }
+    int64_t operator()(int64_t j) const { return ids ? (int64_t) ids[j] - first_id : j; }
+};
+
+// Every row within the weight's rows (upstream's get_rows checks its indices the same way).
+void check_row_ids(const ggml_tensor * dst, const char * op) {
+    const ggml_tensor * w = dst->src[0];
+    const RowIds row(dst);
+    for (int64_t j = 0; j < row.n; ++j) {
+        if (row(j) < 0 || row(j) >= w->ne[1]) {
+            GGML_ABORT("%s: row id %d (first id %lld) outside the %lld rows of %s", op, row.ids[j],
+                       (long long) row.first_id, (long long) w->ne[1], w->name);
         }
     }
 }
@@ -227,12 +241,12 @@ inline void prefetch_row_start(const char * row, size_t row_size) {
 }
 
 // Weight rows r[0..n) of w, columns [c0, c0 + width) (whole blocks), as F32 rows of `stride` floats.
-void rows_to_float(const ggml_tensor * w, const ggml_tensor * ids, int64_t j0, int64_t n, int64_t c0, int64_t width,
+void rows_to_float(const ggml_tensor * w, const RowIds & row_of, int64_t j0, int64_t n, int64_t c0, int64_t width,
                    float * out, int64_t stride) {
     const size_t offset = ggml_row_size(w->type, c0);
     const auto to_float = ggml_get_type_traits(w->type)->to_float;
     for (int64_t j = 0; j < n; ++j) {
-        const char * row = (const char *) w->data + row_of(ids, j0 + j) * w->nb[1] + offset;
+        const char * row = (const char *) w->data + row_of(j0 + j) * w->nb[1] + offset;
         float * o = out + j * stride;
         switch (w->type) {
             case GGML_TYPE_F32:  std::memcpy(o, row, width * sizeof(float)); break;
@@ -247,16 +261,16 @@ void rows_to_float(const ggml_tensor * w, const ggml_tensor * ids, int64_t j0, i
 // (the static rows come first and are contiguous, the dynamic ones scattered and slower to read).
 void mul_rows_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
     const ggml_tensor * w = dst->src[0];
-    const ggml_tensor * ids = dst->src[2];
+    const RowIds row_of(dst);
     const float * x = (const float *) dst->src[1]->data;
     const int64_t n = dst->ne[0], K = w->ne[0];
     const int ith = params->ith, nth = params->nth;
     for (int64_t j = ith * GROUP; j < n; j += nth * GROUP) {
         const int nr = (int) std::min<int64_t>(GROUP, n - j);
         const char * rows[GROUP];
-        for (int k = 0; k < nr; ++k) rows[k] = (const char *) w->data + row_of(ids, j + k) * w->nb[1];
+        for (int k = 0; k < nr; ++k) rows[k] = (const char *) w->data + row_of(j + k) * w->nb[1];
         for (int64_t k = j + nth * GROUP; k < std::min(n, j + (nth + 1) * GROUP); ++k) {
-            prefetch_row_start((const char *) w->data + row_of(ids, k) * w->nb[1], w->nb[1]);
+            prefetch_row_start((const char *) w->data + row_of(k) * w->nb[1], w->nb[1]);
         }
         with_block_type<DotRows>(w->type, (const char * const *) rows, nr, x, K, (float *) dst->data + j);
     }
@@ -266,7 +280,7 @@ void mul_rows_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
 // private output row, and the private rows are summed at the end.
 void mul_rows_t_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
     const ggml_tensor * w = dst->src[0];
-    const ggml_tensor * ids = dst->src[2];
+    const RowIds row_of(dst);
     const float * h = (const float *) dst->src[1]->data;
     const int64_t n = dst->src[1]->ne[0], E = w->ne[0];
     const int ith = params->ith, nth = params->nth;
@@ -280,14 +294,14 @@ void mul_rows_t_one_token(const ggml_compute_params * params, ggml_tensor * dst)
     for (int64_t j = ith * GROUP; j < n; j += nth * GROUP) {
         const int nr = (int) std::min<int64_t>(GROUP, n - j);
         const char * rows[GROUP];
-        for (int k = 0; k < nr; ++k) rows[k] = (const char *) w->data + row_of(ids, j + k) * w->nb[1];
+        for (int k = 0; k < nr; ++k) rows[k] = (const char *) w->data + row_of(j + k) * w->nb[1];
         for (int64_t k = j + nth * GROUP; k < std::min(n, j + (nth + 1) * GROUP); ++k) {
-            prefetch_row_start((const char *) w->data + row_of(ids, k) * w->nb[1], row_size);
+            prefetch_row_start((const char *) w->data + row_of(k) * w->nb[1], row_size);
         }
         if (add_rows_fused(w->type, rows, h + j, nr, E, y)) continue;
         for (int k = 0; k < nr; ++k) {
             if (h[j + k] == 0.0f) continue;
-            rows_to_float(w, ids, j + k, 1, 0, E, chunk, E);
+            rows_to_float(w, row_of, j + k, 1, 0, E, chunk, E);
             ggml_vec_mad_f32((int) E, y, chunk, h[j + k]);
         }
     }
@@ -354,7 +368,7 @@ void tile_dispatch(int tt, const float * panel, int64_t stride, int64_t n_rows, 
 void mul_rows_t_tokens(const ggml_compute_params * params, ggml_tensor * dst) {
     const ggml_tensor * w = dst->src[0];
     const ggml_tensor * hs = dst->src[1];
-    const ggml_tensor * ids = dst->src[2];
+    const RowIds row_of(dst);
     const int64_t n = hs->ne[0], T = hs->ne[1], E = w->ne[0];
     const int64_t panel_width = std::max<int64_t>(64, ggml_blck_size(w->type));  // whole blocks
     const int64_t n_panels = (E + panel_width - 1) / panel_width;
@@ -371,7 +385,7 @@ void mul_rows_t_tokens(const ggml_compute_params * params, ggml_tensor * dst) {
         }
         for (int64_t j0 = 0; j0 < n; j0 += PANEL_ROWS) {
             const int64_t rows = std::min(PANEL_ROWS, n - j0);
-            rows_to_float(w, ids, j0, rows, e0, width, panel, panel_width);
+            rows_to_float(w, row_of, j0, rows, e0, width, panel, panel_width);
             for (int64_t ts = t0; ts < t1; ts += TILE_T) {
                 const int tt = (int) std::min<int64_t>(TILE_T, t1 - ts);
                 const float * h[TILE_T];
@@ -447,13 +461,13 @@ size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks) {
 void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
     const ggml_tensor * w = dst->src[0];
     const ggml_tensor * x = dst->src[1];
-    const ggml_tensor * ids = dst->src[2];
+    const RowIds row_of(dst);
     const int64_t K = x->ne[0], T = x->ne[1], n = dst->ne[0];
     const auto * traits = ggml_get_type_traits_cpu(w->type);
     const ggml_type vdt = traits->vec_dot_type;
     const size_t x_row = ggml_row_size(vdt, K);
     const int ith = params->ith, nth = params->nth;
-    check_row_ids(w, ids, "ggml_si_mul_rows");
+    check_row_ids(dst, "ggml_si_mul_rows");
 
     // float weights: the fused loop (several rows in flight); quantized ones: ggml's vec_dot
     // with a quantized x (integer dot products) is faster than converting the weights
@@ -479,9 +493,9 @@ void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params,
     for (int64_t c0 = ith * chunk; c0 < n; c0 += nth * chunk) {
         const int64_t c1 = std::min(n, c0 + chunk);
         for (int64_t j = c0; j < c1; ++j) {
-            const char * row = (const char *) w->data + row_of(ids, j) * w->nb[1];
+            const char * row = (const char *) w->data + row_of(j) * w->nb[1];
             const int64_t next = j + 1 < c1 ? j + 1 : c0 + nth * chunk;
-            if (next < n) prefetch_row_start((const char *) w->data + row_of(ids, next) * w->nb[1], w->nb[1]);
+            if (next < n) prefetch_row_start((const char *) w->data + row_of(next) * w->nb[1], w->nb[1]);
             for (int64_t t = 0; t < T; ++t) {
                 float * out = (float *) ((char *) dst->data + t * dst->nb[1]) + j;
                 traits->vec_dot((int) K, out, 0, row, 0, xq + t * x_row, 0, 1);
@@ -491,7 +505,7 @@ void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params,
 }
 
 void ggml_si_compute_forward_mul_rows_t(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
-    check_row_ids(dst->src[0], dst->src[2], "ggml_si_mul_rows_t");
+    check_row_ids(dst, "ggml_si_mul_rows_t");
     if (dst->src[1]->ne[1] == 1) {
         mul_rows_t_one_token(params, dst);
     } else {

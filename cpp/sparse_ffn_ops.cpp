@@ -7,11 +7,12 @@
 extern "C" {
 
 struct ggml_tensor * ggml_si_mul_rows(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * x,
-                                      struct ggml_tensor * ids) {
+                                      struct ggml_tensor * ids, int first_id) {
     GGML_ASSERT(w->ne[0] == x->ne[0] && ggml_n_dims(w) <= 2 && ggml_n_dims(x) <= 2);
     GGML_ASSERT(x->type == GGML_TYPE_F32 && ids->type == GGML_TYPE_I32 && ggml_is_vector(ids));
-    GGML_ASSERT(ggml_is_contiguous(x) && ggml_is_contiguous(ids) && ggml_is_contiguous_rows(w));
+    GGML_ASSERT(ggml_is_contiguous(x) && ggml_is_contiguous(ids) && ggml_is_contiguous_rows(w) && first_id >= 0);
     struct ggml_tensor * out = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, ids->ne[0], x->ne[1]);
+    ggml_set_op_params_i32(out, GGML_SI_MUL_ROWS_FIRST_ID, first_id);
     out->op     = GGML_OP_SI_MUL_ROWS;
     out->src[0] = w;
     out->src[1] = x;

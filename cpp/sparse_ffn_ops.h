@@ -13,11 +13,11 @@ extern "C" {
 #endif
 
 // Row-indexed matrix-vector (gate and up at decode):
-//   w [K, R] any type, x [K, T] F32, ids [n] I32 -> [n, T] F32,  out[j, t] = w[ids[j]] . x[:, t]
-// The kernels check every id against R, like upstream's get_rows.
+//   w [K, R] any type, x [K, T] F32, ids [n] I32 -> [n, T] F32,  out[j, t] = w[ids[j] - first_id] . x[:, t]
+// (first_id: the id of w's row 0, for a weight that holds the rows from first_id on).
+// The kernels check every row against R, like upstream's get_rows.
 GGML_API struct ggml_tensor * ggml_si_mul_rows(struct ggml_context * ctx, struct ggml_tensor * w,
-                                               struct ggml_tensor * x, struct ggml_tensor * ids);
-
+                                               struct ggml_tensor * x, struct ggml_tensor * ids, int first_id);
 // Row-indexed transposed accumulate (the down projection stored one row per neuron):
 //   w [E, R] any type, h [n, T] F32, ids [n] I32 or NULL (rows 0..n-1) -> [E, T] F32,
 //   out[:, t] = sum_j h[j, t] * w[ids[j], :]
@@ -42,6 +42,7 @@ GGML_API struct ggml_tensor * ggml_si_select(struct ggml_context * ctx, struct g
                                              int n_dynamic);
 
 // Op parameter slots (ggml_set_op_params_*).
+enum ggml_si_mul_rows_param { GGML_SI_MUL_ROWS_FIRST_ID = 0 };
 enum ggml_si_count_param { GGML_SI_COUNT_ALPHA = 0, GGML_SI_COUNT_BY_MAGNITUDE = 1 };
 enum ggml_si_select_param { GGML_SI_SELECT_N_STATIC = 0, GGML_SI_SELECT_N_DYNAMIC = 1 };
 

@@ -72,8 +72,10 @@ def top_k_margin(acts: dict, alpha: float, by_magnitude: bool) -> float:
     return worst
 
 
+@pytest.mark.parametrize("repack", [True, False], ids=["static-apart", "whole"])
 @pytest.mark.parametrize("phi,alpha,select_by", [(0.5, 0.2, "value"), (0.4, 0.5, "magnitude"), (0.25, 0.2, "value")])
-def test_selection_and_decode_match_reference(si_model, phi, alpha, select_by):
+def test_selection_and_decode_match_reference(si_model, phi, alpha, select_by, repack):
+    """Both layouts of a SelectInfer layer: static rows apart (repacking on) and whole."""
     ref = ReferenceModel.load(si_model)
     with Model(si_model, n_ctx=128) as m:
         candidates = [m.tokenize(p) for p in PROMPTS]
@@ -85,7 +87,7 @@ def test_selection_and_decode_match_reference(si_model, phi, alpha, select_by):
             break
     else:
         pytest.fail("every candidate prompt has a near-tie at a top-k boundary")
-    with Model(si_model, n_ctx=128, compute_ratio=phi, token_ratio=alpha, select_by=select_by) as m:
+    with Model(si_model, n_ctx=128, compute_ratio=phi, token_ratio=alpha, select_by=select_by, repack=repack) as m:
         tokens, logits = decode(m, prompt, 4)
         selected = m.selected_neurons()
     assert sorted(selected) == [1, 2]
@@ -98,6 +100,47 @@ def test_selection_and_decode_match_reference(si_model, phi, alpha, select_by):
     ref_logits, _ = forward_with_masks(ref, sequence, len(prompt), selected, set(selected))
     expected_logits = ref_logits[len(prompt): len(prompt) + 4]
     assert np.abs(logits - expected_logits).max() < 2e-3 * np.abs(expected_logits).max()
+
+
+def test_static_rows_load_apart_when_weights_may_be_repacked(si_model):
+    """Repacking on: rows [0, n_static) of gate/up are tensors of their own (upstream's matmul kinds,
+    which ggml may repack), the rest `ffn_*_dyn`; off, or for CoreInfer mode, the layer stays whole."""
+    n_embd, n_load, n_static = 64, round(0.75 * 256), round(0.25 * 256)
+    with Model(si_model, n_ctx=64) as m:
+        placed = m.weight_placement()
+    for il in (1, 2):
+        for kind in ("ffn_gate", "ffn_up"):
+            assert placed[f"blk.{il}.{kind}.weight"][0] == [n_embd, n_static]
+            assert placed[f"blk.{il}.{kind}_dyn.weight"][0] == [n_embd, n_load - n_static]
+        assert placed[f"blk.{il}.ffn_down_t.weight"][0] == [n_embd, n_load]
+    assert placed["blk.0.ffn_gate.weight"][0] == [n_embd, 256]  # a dense layer
+    for kwargs in ({"repack": False}, {"coreinfer": True, "compute_ratio": 0.3}):
+        with Model(si_model, n_ctx=64, **kwargs) as m:
+            placed = m.weight_placement()
+        assert placed["blk.1.ffn_gate.weight"][0] == [n_embd, n_load], kwargs
+        assert "blk.1.ffn_gate_dyn.weight" not in placed, kwargs
+
+
+def test_both_layouts_generate_the_same_tokens(si_model):
+    prompt = "the capital of france is"
+    out = {}
+    for repack in (True, False):
+        for kwargs in ({"compute_ratio": 0.4}, {"dense": True}):
+            with Model(si_model, n_ctx=64, repack=repack, **kwargs) as m:
+                out[repack, kwargs.get("dense", False)] = m.generate(prompt, max_tokens=8, temperature=0)
+    assert out[True, False] == out[False, False] and out[True, True] == out[False, True]
+
+
+def test_coreinfer_mode_needs_a_whole_layer(si_model, monkeypatch):
+    """The loader split the static rows (not asked for CoreInfer at load): turning CoreInfer on for
+    the context is refused with the way out, never a gather from a repacked block."""
+    monkeypatch.setenv("SELECTINFER_COREINFER", "1")
+    with Model(si_model, n_ctx=64, coreinfer=False) as m:  # the caller wins: loaded apart
+        assert "blk.1.ffn_gate_dyn.weight" in m.weight_placement()
+        assert not m.selection_config()["coreinfer"]
+    with Model(si_model, n_ctx=64, compute_ratio=0.1) as m:  # the environment: loaded whole
+        assert "blk.1.ffn_gate_dyn.weight" not in m.weight_placement()
+        assert m.selection_config()["coreinfer"]
 
 
 def clear_prompt(ref, candidates, alpha):

@@ -143,7 +143,8 @@ def test_a_lora_adapter_for_a_selectinfer_layer_is_refused(si_model, tmp_path):
     text = tmp_path / "text.txt"
     text.write_text((PROMPT + " ") * 10)
     args = ["-f", text, "-c", "32", "-b", "32", "-t", "1", "--chunks", "1"]
-    sparse = lora_adapter(tmp_path / "sparse.gguf", "blk.1.ffn_up.weight", 64, 192)  # layers 0..1 are SelectInfer
+    # layers 1..2 are SelectInfer; with repacking on, ffn_up holds the 64 static rows (loaded apart)
+    sparse = lora_adapter(tmp_path / "sparse.gguf", "blk.1.ffn_up.weight", 64, 64)
     r = run_tool("llama-perplexity", "-m", si_model, "--lora", sparse, *args)
     assert "the LoRA adapter changes blk.1.ffn_up.weight, the FFN of a SelectInfer layer" in r.stderr, r.stderr[-2000:]
     dense = lora_adapter(tmp_path / "dense.gguf", "blk.2.ffn_up.weight", 64, 256)  # layer 2 stays dense

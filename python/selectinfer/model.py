@@ -142,6 +142,12 @@ class Model:
         "AMX" / "CPU_REPACK" (repacked for faster kernels), "CPU" (read into memory)."""
         return dict(self.engine.weight_buffers())
 
+    def weight_placement(self) -> dict[str, tuple[list[int], str]]:
+        """Per weight tensor as loaded: (shape in ggml order, buffer type). With repacking on, a
+        SelectInfer layer's static gate/up rows are tensors of their own (`blk.N.ffn_gate`,
+        which ggml may repack) beside the gathered rows (`blk.N.ffn_gate_dyn`)."""
+        return {name: (list(ne), buffer) for name, (ne, buffer) in self.engine.weight_placement().items()}
+
     def metadata(self, key: str) -> str | None:
         value = self.engine.meta(key)
         return value if value != "" else None
