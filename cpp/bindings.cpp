@@ -107,6 +107,7 @@ PYBIND11_MODULE(_native, m) {
           py::call_guard<py::gil_scoped_release>(),
           "times one FFN layer's steps with random weights: [(step, [ms per run])] (op_runner.h)");
     m.def("row_bytes", &row_bytes, py::arg("type"), py::arg("n_per_row"));
+    m.def("block_size", &block_size, py::arg("type"));
     m.def("quantize_rows",
           [](int type, py::array_t<float, py::array::c_style | py::array::forcecast> rows) {
               if (rows.ndim() != 2) throw std::invalid_argument("quantize_rows takes a 2-D float array");

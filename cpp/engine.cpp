@@ -271,11 +271,7 @@ Engine::Engine(const ModelParams & params) : params_(params) {
     mp.load_mode = params_.use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
     mp.use_extra_bufts = params_.repack;
     take_last_error();
-    {
-        // CoreInfer mode gathers any loaded row: the loader keeps a SelectInfer layer whole for it (si_gguf.h)
-        const CoreInferLoad coreinfer(params_.selection.coreinfer);
-        model_ = llama_model_load_from_file(params_.path.c_str(), mp);
-    }
+    model_ = llama_model_load_from_file(params_.path.c_str(), mp);
     if (!model_) {
         std::string why = take_last_error();
         // a SelectInfer refusal names its own fix; other failures get the usual suspects
@@ -294,7 +290,17 @@ Engine::Engine(const ModelParams & params) : params_(params) {
     cp.no_perf         = true;
     cp.flash_attn_type = params_.flash_attn < 0 ? LLAMA_FLASH_ATTN_TYPE_AUTO
                        : params_.flash_attn == 0 ? LLAMA_FLASH_ATTN_TYPE_DISABLED : LLAMA_FLASH_ATTN_TYPE_ENABLED;
-    ctx_ = llama_init_from_model(model_, cp);
+    try {
+        check_selection();
+    } catch (...) {
+        release();
+        throw;
+    }
+    {
+        // the caller's settings win over the environment's as the context's hooks are created
+        const CallerSelection caller(params_.selection);
+        ctx_ = llama_init_from_model(model_, cp);
+    }
     if (!ctx_) {
         std::string why = take_last_error();
         llama_model_free(model_);
@@ -310,18 +316,20 @@ Engine::Engine(const ModelParams & params) : params_(params) {
     set_sampling(SamplingParams{});
 }
 
-// Selective computation and profiling are set on the context's hooks before the first decode.
-void Engine::configure_hooks() {
-    ContextHooks & hooks = context_hooks(ctx_);
-    const SelectionOverrides & asked = params_.selection;
-    if (asked.ask_for_selection() && !hooks.selection) {
+// The caller's selective computation settings, checked before the context applies them: a bad
+// one is a ValueError naming it, not a failed context.
+void Engine::check_selection() const {
+    if (params_.selection.ask_for_selection() && !si_model_info(*model_)) {
         throw std::invalid_argument("selective computation options need a SelectInfer GGUF (selectinfer convert); " +
                                     params_.path + " is a dense model");
     }
-    if (hooks.selection) {
-        hooks.selection->configure(asked);
-        all_outputs_ = hooks.selection->sparsifies_last_layer();
-    }
+    NeuronSelection::check_settings(model_, params_.selection);
+}
+
+// Profiling is set on the context's hooks before the first decode.
+void Engine::configure_hooks() {
+    ContextHooks & hooks = context_hooks(ctx_);
+    if (hooks.selection) all_outputs_ = hooks.selection->sparsifies_last_layer();
     if (params_.profile) {
         hooks.stats = std::make_unique<ActivationStats>(model_);
         act_stats_ = hooks.stats.get();

@@ -156,6 +156,7 @@ public:
     ActivationSums activation_sums(bool reset);
 
 private:
+    void check_selection() const;
     void configure_hooks();
     void release();  // frees sampler, context and model (destructor, failed construction)
     void decode_batch(const llama_token * tokens, int32_t n, int32_t pos0, bool all_logits);

@@ -51,7 +51,8 @@ bool selectinfer_adapters_supported(void * hooks, llama_adapter_lora ** adapters
         if (scales[i] == 0.0f) continue;  // not applied
         for (const auto & [il, n_load] : info->n_load) {
             const llama_layer & layer = h->model->layers[il];
-            for (ggml_tensor * w : {layer.ffn_gate, layer.ffn_up, layer.ffn_gate_dyn, layer.ffn_up_dyn, layer.ffn_down_t}) {
+            for (ggml_tensor * w : {layer.ffn_gate, layer.ffn_up, layer.ffn_gate_dyn, layer.ffn_up_dyn,
+                                    layer.ffn_down_static, layer.ffn_down_t}) {
                 if (w && adapters[i]->get_weight(w)) {
                     LLAMA_LOG_ERROR("%s: the LoRA adapter changes %s, the FFN of a SelectInfer layer, which the sparse "
                                     "ops compute without LoRA; apply the adapter to the original model before "
@@ -64,12 +65,12 @@ bool selectinfer_adapters_supported(void * hooks, llama_adapter_lora ** adapters
     return true;
 }
 
-void selectinfer_split_static_rows(llama_model_loader & loader, bool repack) {
-    selectinfer::split_static_rows(loader, repack);
+void selectinfer_split_static_rows(llama_model_loader & loader) {
+    selectinfer::split_static_rows(loader);
 }
 
-void selectinfer_create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff) {
-    selectinfer::create_ffn_tensors(model, layer, il, n_embd, n_ff);
+bool selectinfer_create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff) {
+    return selectinfer::create_ffn_tensors(model, layer, il, n_embd, n_ff);
 }
 
 std::shared_ptr<const void> selectinfer_model_loaded(const llama_model & model, const llama_model_loader & loader) {

@@ -46,20 +46,18 @@ struct llama_adapter_lora;
 bool selectinfer_adapters_supported(void * hooks, llama_adapter_lora ** adapters, size_t n_adapters,
                                     const float * scales);
 
-// Before llama.cpp creates a model's tensors (0002): when weights may be repacked (`repack`:
-// llama_model_params::use_extra_bufts), the static rows of each SelectInfer layer's gate and up
-// become tensors of their own, which ggml may repack, and the other rows `ffn_gate_dyn` and
-// `ffn_up_dyn` (si_gguf.h). The file is not read yet: a layer whose metadata does not fit is left
-// whole, for the checks after the load to refuse.
+// Before llama.cpp creates a model's tensors (0002): the static rows of each SelectInfer layer's
+// gate and up become tensors of their own, which ggml may repack, and the other rows
+// `ffn_gate_dyn` and `ffn_up_dyn` (si_gguf.h). Nothing is read yet: a layer whose tensors do not
+// fit is left whole, for the checks after the load to refuse.
 struct llama_model_loader;
-void selectinfer_split_static_rows(llama_model_loader & loader, bool repack);
+void selectinfer_split_static_rows(llama_model_loader & loader);
 
-// Creates a SelectInfer layer's FFN tensors other than ffn_down_t, in the architecture's
-// load_arch_tensors (0002): gate and up whole (row-gathered kinds: no repacking) or split as
-// selectinfer_split_static_rows decided.
+// In the architecture's load_arch_tensors (0002): creates the FFN tensors of layer il and returns
+// true when it is a SelectInfer layer; false for a dense layer (llama.cpp creates its tensors).
 struct llama_model_base;
 struct llama_layer;
-void selectinfer_create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff);
+bool selectinfer_create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff);
 
 // After llama.cpp has loaded a model's tensors (0002): checks any model (model_tensors.h) and
 // returns the validated SelectInfer description of the model (si_gguf.h), or null for a dense

@@ -66,12 +66,23 @@ SelectionOverrides SelectionOverrides::from_environment() {
         o.by_magnitude = std::strcmp(by, "magnitude") == 0;
     }
     o.dense = env_flag("SELECTINFER_DENSE");
-    o.coreinfer = coreinfer_from_environment();
+    o.coreinfer = env_flag("SELECTINFER_COREINFER");
     return o;
 }
 
-std::optional<bool> SelectionOverrides::coreinfer_from_environment() {
-    return env_flag("SELECTINFER_COREINFER");
+
+namespace {
+
+thread_local const SelectionOverrides * t_caller_selection = nullptr;
+
+}  // namespace
+
+CallerSelection::CallerSelection(const SelectionOverrides & overrides) : previous_(t_caller_selection) {
+    t_caller_selection = &overrides;
+}
+
+CallerSelection::~CallerSelection() {
+    t_caller_selection = previous_;
 }
 
 std::unique_ptr<NeuronSelection> NeuronSelection::for_model(const llama_model * model) {
@@ -82,14 +93,20 @@ std::unique_ptr<NeuronSelection> NeuronSelection::for_model(const llama_model * 
     std::unique_ptr<NeuronSelection> s(new NeuronSelection(model, *info));
     try {
         s->file_config_ = SelectionOverrides::from_environment().applied_to(s->file_config_);
-        // static rows apart: the model was loaded for a run outside CoreInfer mode, which the
-        // loader read from the same environment unless the engine's caller said so (and wins)
-        if (!info->static_apart.empty()) s->file_config_.coreinfer = false;
-        s->apply(s->file_config_);
     } catch (const std::invalid_argument & e) {
         // upstream's tools silence llama.cpp's log, where the failed context would be explained
         std::fprintf(stderr, "selectinfer: %s (from the SELECTINFER_* environment)\n", e.what());
         throw;
+    }
+    if (t_caller_selection) {
+        s->configure(*t_caller_selection);  // checked by the caller first (check_settings)
+    } else {
+        try {
+            s->apply(s->file_config_);
+        } catch (const std::invalid_argument & e) {
+            std::fprintf(stderr, "selectinfer: %s (from the SELECTINFER_* environment)\n", e.what());
+            throw;
+        }
     }
     return s;
 }
@@ -105,7 +122,6 @@ NeuronSelection::NeuronSelection(const llama_model * model, const SiModelInfo & 
         l.il = il;
         l.n_load = n_load;
         l.n_static = info.n_static.at(il);
-        l.static_apart = info.static_apart.count(il) > 0;
         layer_index_[il] = (int) layers_.size();
         layers_.push_back(l);
     }
@@ -115,7 +131,28 @@ void NeuronSelection::configure(const SelectionOverrides & overrides) {
     apply(overrides.applied_to(file_config_));
 }
 
+void NeuronSelection::check_settings(const llama_model * model, const SelectionOverrides & caller) {
+    const SiModelInfo * info = si_model_info(*model);
+    if (!info) return;
+    const NeuronSelection s(model, *info);
+    s.validate(caller.applied_to(SelectionOverrides::from_environment().applied_to(s.file_config_)));
+}
+
 void NeuronSelection::apply(const SelectionConfig & cfg) {
+    validate(cfg);
+    config_ = cfg;
+    for (Layer & l : layers_) {
+        l.n_select = std::max({1, l.n_static, std::min(l.n_load, (int) std::lround(cfg.compute_ratio * info_.n_original))});
+    }
+    allocate();
+}
+
+void NeuronSelection::validate(const SelectionConfig & cfg) const {
+    if (cfg.coreinfer && std::any_of(layers_.begin(), layers_.end(), [](const Layer & l) { return l.n_static > 0; })) {
+        throw std::invalid_argument(
+            "CoreInfer mode chooses every computed neuron from the prompt, but this file keeps static neurons "
+            "(computed at every step, in upstream's layout): convert the model with --static-ratio 0 for CoreInfer mode");
+    }
     const int n_original = info_.n_original;
     const float eps = 0.5f / std::max(1, n_original);
     const float lowest = cfg.coreinfer ? eps : info_.static_ratio;  // CoreInfer keeps no static neuron
@@ -126,22 +163,11 @@ void NeuronSelection::apply(const SelectionConfig & cfg) {
             << " and the load ratio (gamma) " << info_.load_ratio;
         throw std::invalid_argument(msg.str());
     }
-    if (cfg.coreinfer && !info_.static_apart.empty()) {
-        throw std::invalid_argument(
-            "CoreInfer mode chooses among every loaded neuron, but this model loaded its static neurons apart "
-            "(for ggml's repacked kernels): load it in CoreInfer mode (Model(coreinfer=True), --coreinfer, "
-            "SELECTINFER_COREINFER=1) or without repacking (--no-repack)");
-    }
     if (!(cfg.token_ratio > 0 && cfg.token_ratio <= 1)) {
         std::ostringstream msg;
         msg << "token ratio (alpha) must be in (0, 1], got " << cfg.token_ratio;
         throw std::invalid_argument(msg.str());
     }
-    config_ = cfg;
-    for (Layer & l : layers_) {
-        l.n_select = std::max({1, kept_static(l), std::min(l.n_load, (int) std::lround(cfg.compute_ratio * n_original))});
-    }
-    allocate();
 }
 
 void NeuronSelection::allocate() {
@@ -216,63 +242,59 @@ ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, l
     const SiFfnWeights weights = SiFfnWeights::of(w);
     const bool all_loaded = config_.dense || l.n_select == l.n_load;
     if (!prompt && !all_loaded) {
-        return build_sparse_ffn(ctx, weights, x, ids, kept_static(l), l.n_select - kept_static(l));
+        return build_sparse_ffn(ctx, weights, x, ids, l.n_select - l.n_static);
     }
     // dense over the loaded neurons; a prompt selects its neurons in the same graph
-    ggml_tensor * act = build_loaded_activations(ctx, weights, x);
+    const LoadedFfn loaded = build_loaded_ffn(ctx, weights, x);
     if (prompt && !all_loaded) {
         ggml_tensor * counts = (*counts_)[layer_index_[il]];
-        const SelectionNodes chosen = build_selection(ctx, act, counts, kept_static(l), l.n_select - kept_static(l),
+        const SelectionNodes chosen = build_selection(ctx, loaded.act, counts, l.n_static, l.n_select - l.n_static,
                                                       config_.token_ratio, config_.by_magnitude);
         ggml_build_forward_expand(gf, ggml_cpy(ctx, chosen.counts, counts));
         ggml_build_forward_expand(gf, ggml_cpy(ctx, chosen.ids, ids));
     }
-    return ggml_si_mul_rows_t(ctx, w.ffn_down_t, act, nullptr);
+    return loaded.out;
 }
 
 SiFfnWeights SiFfnWeights::of(const llama_layer & layer) {
     SiFfnWeights w;
     w.gate = layer.ffn_gate;
     w.up = layer.ffn_up;
+    w.gate_dyn = layer.ffn_gate_dyn;
+    w.up_dyn = layer.ffn_up_dyn;
+    w.down_static = layer.ffn_down_static;
     w.down_t = layer.ffn_down_t;
-    if (layer.ffn_gate->ne[1] < layer.ffn_down_t->ne[1] || layer.ffn_gate_dyn) {  // static rows apart
-        w.gate_dyn = layer.ffn_gate_dyn;
-        w.up_dyn = layer.ffn_up_dyn;
-        w.first_dynamic = (int) layer.ffn_gate->ne[1];
-    }
+    w.n_static = layer.ffn_down_static ? (int) layer.ffn_down_static->ne[0] : 0;
     return w;
 }
 
-ggml_tensor * build_loaded_activations(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x) {
-    ggml_tensor * act = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, w.gate, x), ggml_mul_mat(ctx, w.up, x));
-    if (w.gate_dyn) {
-        ggml_tensor * rest = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, w.gate_dyn, x), ggml_mul_mat(ctx, w.up_dyn, x));
-        act = ggml_concat(ctx, act, rest, 0);
-    }
-    return act;
+LoadedFfn build_loaded_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x) {
+    auto swiglu = [&](ggml_tensor * gate, ggml_tensor * up) {
+        return ggml_swiglu_split(ctx, ggml_mul_mat(ctx, gate, x), ggml_mul_mat(ctx, up, x));
+    };
+    ggml_tensor * act_static = w.n_static > 0 ? swiglu(w.gate, w.up) : nullptr;
+    ggml_tensor * act_dynamic = w.down_t ? swiglu(w.gathered_gate(), w.gathered_up()) : nullptr;
+    ggml_tensor * out_static = act_static ? ggml_mul_mat(ctx, w.down_static, act_static) : nullptr;
+    ggml_tensor * out_dynamic = act_dynamic ? ggml_si_mul_rows_t(ctx, w.down_t, act_dynamic, nullptr, 0) : nullptr;
+    if (!act_static) return {act_dynamic, out_dynamic};
+    if (!act_dynamic) return {act_static, out_static};
+    return {ggml_concat(ctx, act_static, act_dynamic, 0), ggml_add(ctx, out_static, out_dynamic)};
 }
 
 ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, ggml_tensor * ids,
-                               int n_static, int n_dynamic) {
+                               int n_dynamic) {
     ggml_tensor * out = nullptr;
-    if (n_static > 0) {
-        // the static neurons are the first rows: upstream's dense matmul over them (its tiled
-        // kernel, on repacked weights where ggml repacks them, reads a contiguous block faster
-        // than any row gather)
-        auto first_rows = [&](ggml_tensor * t) {
-            return t->ne[1] == n_static ? t : ggml_view_2d(ctx, t, t->ne[0], n_static, t->nb[1], 0);
-        };
-        ggml_tensor * act = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, first_rows(w.gate), x),
-                                              ggml_mul_mat(ctx, first_rows(w.up), x));
-        out = ggml_si_mul_rows_t(ctx, w.down_t, act, nullptr);
+    if (w.n_static > 0) {
+        // the static neurons: upstream's matmul over whole tensors (on repacked weights where ggml
+        // repacks them), which reads a contiguous block faster than any row gather
+        ggml_tensor * act = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, w.gate, x), ggml_mul_mat(ctx, w.up, x));
+        out = ggml_mul_mat(ctx, w.down_static, act);
     }
     if (n_dynamic > 0) {
-        ggml_tensor * dynamic = ggml_view_1d(ctx, ids, n_dynamic, n_static * sizeof(int32_t));
-        ggml_tensor * gate = w.static_apart() ? w.gate_dyn : w.gate;
-        ggml_tensor * up = w.static_apart() ? w.up_dyn : w.up;
-        ggml_tensor * act = ggml_swiglu_split(ctx, ggml_si_mul_rows(ctx, gate, x, dynamic, w.first_dynamic),
-                                              ggml_si_mul_rows(ctx, up, x, dynamic, w.first_dynamic));
-        ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, dynamic);
+        ggml_tensor * dynamic = ggml_view_1d(ctx, ids, n_dynamic, w.n_static * sizeof(int32_t));
+        ggml_tensor * act = ggml_swiglu_split(ctx, ggml_si_mul_rows(ctx, w.gathered_gate(), x, dynamic, w.n_static),
+                                              ggml_si_mul_rows(ctx, w.gathered_up(), x, dynamic, w.n_static));
+        ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, dynamic, w.n_static);
         out = out ? ggml_add(ctx, out, part) : part;
     }
     return out;

@@ -57,32 +57,53 @@ struct SelectionOverrides {
     // SELECTINFER_COMPUTE_RATIO, _TOKEN_RATIO, _SELECT_BY (value|magnitude), _DENSE, _COREINFER (0|1);
     // throws std::invalid_argument naming a malformed variable.
     static SelectionOverrides from_environment();
-    // SELECTINFER_COREINFER alone (the loader asks it: si_gguf.h).
-    static std::optional<bool> coreinfer_from_environment();
 };
 
-// A SelectInfer layer's FFN weights. gate and up hold every loaded row, or only the static ones
-// when those load apart (si_gguf.h: then gate_dyn and up_dyn hold the rows from first_dynamic on).
+// While alive, the contexts this thread creates take `overrides` over the file's and the
+// environment's settings (the engine's caller's own), so that a setting the caller replaces is
+// never the one checked.
+class CallerSelection {
+public:
+    explicit CallerSelection(const SelectionOverrides & overrides);
+    ~CallerSelection();
+    CallerSelection(const CallerSelection &) = delete;
+    CallerSelection & operator=(const CallerSelection &) = delete;
+
+private:
+    const SelectionOverrides * previous_;
+};
+
+// A SelectInfer layer's FFN weights (si_gguf.h). Neurons 0..n_static-1 are static: their rows of
+// gate and up, and down_static [n_static, n_embd], go through upstream's matmul. The others are
+// gathered: rows of gate_dyn / up_dyn (or of gate / up when n_static = 0) and of down_t, from
+// neuron n_static on.
 struct SiFfnWeights {
     ggml_tensor * gate = nullptr;
     ggml_tensor * up = nullptr;
     ggml_tensor * gate_dyn = nullptr;
     ggml_tensor * up_dyn = nullptr;
+    ggml_tensor * down_static = nullptr;
     ggml_tensor * down_t = nullptr;
-    int first_dynamic = 0;
+    int n_static = 0;
 
     static SiFfnWeights of(const llama_layer & layer);
-    bool static_apart() const { return first_dynamic > 0; }
+    ggml_tensor * gathered_gate() const { return n_static > 0 ? gate_dyn : gate; }
+    ggml_tensor * gathered_up() const { return n_static > 0 ? up_dyn : up; }
 };
 
-// The activations of every loaded neuron for input x: act [n_load, T] (a prompt, or dense).
-ggml_tensor * build_loaded_activations(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x);
+// Every loaded neuron (a prompt, or dense over the loaded neurons): the activations act
+// [n_load, T] that a prompt's selection counts, and the FFN output.
+struct LoadedFfn {
+    ggml_tensor * act;
+    ggml_tensor * out;
+};
+LoadedFfn build_loaded_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x);
 
-// A decode step's FFN of a SelectInfer layer over the selection ids (static rows 0..n_static-1
-// first, then n_dynamic scattered rows): the static block by upstream's dense matmul, the
-// dynamic rows by the sparse ops (gate and up: ggml_si_mul_rows; down: ggml_si_mul_rows_t).
+// A decode step's FFN of a SelectInfer layer over the selection ids (the n_static static neurons
+// first, then n_dynamic gathered ones): the static block by upstream's matmul, the dynamic
+// neurons by the sparse ops (gate and up: ggml_si_mul_rows; down: ggml_si_mul_rows_t).
 ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, ggml_tensor * ids,
-                               int n_static, int n_dynamic);
+                               int n_dynamic);
 
 // A prompt batch's selection from its activations act [n_load, T]: the running counts (this
 // batch's votes added to `counts`, the previous batches'; nullptr: from zero) and the chosen rows.
@@ -102,6 +123,9 @@ public:
     // Validates and applies a caller's settings over the file's and the environment's (call
     // before the first decode); throws std::invalid_argument naming the bad value.
     void configure(const SelectionOverrides & overrides);
+    // Throws std::invalid_argument when the caller's settings over the file's and the
+    // environment's do not fit the model (what a context created under CallerSelection applies).
+    static void check_settings(const llama_model * model, const SelectionOverrides & caller);
     const SelectionConfig & config() const { return config_; }
 
     // What the next batches are. By default (programs that do not say, like llama.cpp's tools)
@@ -135,13 +159,12 @@ private:
     struct Layer {
         int il = -1;
         int n_load = 0;
-        int n_static = 0;  // the file's; the selection keeps them unless in CoreInfer mode
+        int n_static = 0;  // the file's, always computed (none in a file for CoreInfer mode)
         int n_select = 0;
-        bool static_apart = false;  // static rows in tensors of their own (si_gguf.h)
     };
-    int kept_static(const Layer & l) const { return config_.coreinfer ? 0 : l.n_static; }
     NeuronSelection(const llama_model * model, const SiModelInfo & info);
     void apply(const SelectionConfig & config);
+    void validate(const SelectionConfig & config) const;
     void allocate();
 
     const llama_model * model_;

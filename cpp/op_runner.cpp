@@ -97,13 +97,14 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
         out = ggml_si_mul_rows(ctx.get(), t[0], t[1], t[2], first_id);
     } else if (op == "mul_rows_t" && (t.size() == 2 || t.size() == 3)) {
         require_f32(t[1], "h");
+        require(first_id >= 0 && (first_id == 0 || t.size() == 3), "first_id must be >= 0, and 0 without ids");
         if (t.size() == 3) {
-            require_row_ids(t[2], 0, t[0]->ne[1]);
+            require_row_ids(t[2], first_id, t[0]->ne[1]);
             require(t[2]->ne[0] == t[1]->ne[0], "h must have one value per id");
         } else {
             require(t[1]->ne[0] <= t[0]->ne[1], "h has more values than the weight has rows");
         }
-        out = ggml_si_mul_rows_t(ctx.get(), t[0], t[1], t.size() == 3 ? t[2] : nullptr);
+        out = ggml_si_mul_rows_t(ctx.get(), t[0], t[1], t.size() == 3 ? t[2] : nullptr, first_id);
     } else if (op == "count" && (t.size() == 1 || t.size() == 2)) {
         require_f32(t[0], "act");
         require(alpha >= 0 && alpha <= 1, "alpha must be in [0, 1]");
@@ -167,6 +168,9 @@ std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type
                                     "n_tokens >= 1, n_reps >= 1");
     }
     const auto wt = (ggml_type) type;
+    if (n_static % ggml_blck_size(wt) != 0) {
+        throw std::invalid_argument("n_static must be a multiple of the type's block size (the static down projection's row)");
+    }
     const size_t weights = ggml_row_size(wt, n_embd) * (3 * n_ff + 3 * n_load);
     // inputs, leaves and every step's outputs, with room to spare (graphs: 64 MiB below)
     const size_t acts = (size_t) n_tokens * (8 * n_embd + 4 * (n_ff + n_load + n_select)) * sizeof(float) * 2;
@@ -181,11 +185,24 @@ std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type
     ggml_tensor * gate = ggml_new_tensor_2d(c, wt, n_embd, n_ff);
     ggml_tensor * up   = ggml_new_tensor_2d(c, wt, n_embd, n_ff);
     ggml_tensor * down = ggml_new_tensor_2d(c, wt, n_ff, n_embd);
-    // the SI layer: n_load rows of each, down stored transposed
-    ggml_tensor * gate_si = ggml_new_tensor_2d(c, wt, n_embd, n_load);
-    ggml_tensor * up_si   = ggml_new_tensor_2d(c, wt, n_embd, n_load);
-    ggml_tensor * down_t  = ggml_new_tensor_2d(c, wt, n_embd, n_load);
-    for (ggml_tensor * t : {gate, up, down, gate_si, up_si, down_t}) fill_random(t, rng);
+    // the SI layer as the engine loads it (si_gguf.h): gate and up in two parts, the static
+    // neurons' down projection in upstream's layout, the others' transposed
+    const int64_t n_dynamic = n_load - n_static;
+    SiFfnWeights si;
+    si.n_static = (int) n_static;
+    si.gate = ggml_new_tensor_2d(c, wt, n_embd, n_static > 0 ? n_static : n_load);
+    si.up = ggml_new_tensor_2d(c, wt, n_embd, n_static > 0 ? n_static : n_load);
+    if (n_static > 0) {
+        si.down_static = ggml_new_tensor_2d(c, wt, n_static, n_embd);
+        if (n_dynamic > 0) {
+            si.gate_dyn = ggml_new_tensor_2d(c, wt, n_embd, n_dynamic);
+            si.up_dyn = ggml_new_tensor_2d(c, wt, n_embd, n_dynamic);
+        }
+    }
+    if (n_dynamic > 0) si.down_t = ggml_new_tensor_2d(c, wt, n_embd, n_dynamic);
+    for (ggml_tensor * t : {gate, up, down, si.gate, si.up, si.gate_dyn, si.up_dyn, si.down_static, si.down_t}) {
+        if (t) fill_random(t, rng);
+    }
     // a selection like the engine's: the first rows (static), then a sorted random subset
     ggml_tensor * ids = ggml_new_tensor_1d(c, GGML_TYPE_I32, n_select);
     {
@@ -204,15 +221,24 @@ std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type
         fill_random(t, rng);
         return t;
     };
+    // what a prompt computes: every loaded neuron, the static and the gathered part
+    std::vector<ggml_tensor *> loaded_gate_up, loaded_down;
+    if (n_static > 0) {
+        loaded_gate_up.push_back(act_of(ggml_mul_mat(c, si.gate, x), ggml_mul_mat(c, si.up, x)));
+        loaded_down.push_back(ggml_mul_mat(c, si.down_static, leaf(n_static)));
+    }
+    if (n_dynamic > 0) {
+        loaded_gate_up.push_back(act_of(ggml_mul_mat(c, si.gathered_gate(), x), ggml_mul_mat(c, si.gathered_up(), x)));
+        loaded_down.push_back(ggml_si_mul_rows_t(c, si.down_t, leaf(n_dynamic), nullptr, 0));
+    }
     std::vector<std::pair<std::string, std::vector<ggml_tensor *>>> steps = {
         {"dense gate+up", {act_of(ggml_mul_mat(c, gate, x), ggml_mul_mat(c, up, x))}},
         {"dense down", {ggml_mul_mat(c, down, leaf(n_ff))}},
-        {"loaded gate+up", {act_of(ggml_mul_mat(c, gate_si, x), ggml_mul_mat(c, up_si, x))}},
-        {"loaded down", {ggml_si_mul_rows_t(c, down_t, leaf(n_load), nullptr)}},
+        {"loaded gate+up", loaded_gate_up},
+        {"loaded down", loaded_down},
     };
     if (n_tokens == 1) {  // the engine's decode graph: static block by mul_mat, dynamic rows by the sparse ops
-        steps.push_back({"selected FFN", {build_sparse_ffn(c, SiFfnWeights{gate_si, up_si, nullptr, nullptr, down_t, 0}, x, ids, (int) n_static,
-                                                                (int) (n_select - n_static))}});
+        steps.push_back({"selected FFN", {build_sparse_ffn(c, si, x, ids, (int) (n_select - n_static))}});
     } else {  // a prompt computes the loaded layer and selects
         steps.push_back({"selection", {build_selection(c, leaf(n_load), nullptr, (int) n_static, (int) (n_select - n_static),
                                                        0.2f, false).ids}});

@@ -14,7 +14,7 @@ struct OpInput {
     std::string          data;  // raw bytes in `type`
 };
 
-// op: "mul_rows" (w, x, ids; first_id), "mul_rows_t" (w, h, ids or none), "count" (act, prev or none; alpha,
+// op: "mul_rows" (w, x, ids; first_id), "mul_rows_t" (w, h, ids or none; first_id), "count" (act, prev or none; alpha,
 // by_magnitude), "select" (counts; n_static, n_dynamic). Returns the output's raw bytes; inputs
 // that do not fit the op are std::invalid_argument.
 std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & inputs, int n_threads,

@@ -27,6 +27,10 @@ size_t row_bytes(int type, int64_t n_per_row) {
     return ggml_row_size(checked_type(type, n_per_row), n_per_row);
 }
 
+int64_t block_size(int type) {
+    return ggml_blck_size(checked_type(type, 0));
+}
+
 std::string quantize_rows(int type, const float * data, int64_t n_rows, int64_t n_per_row) {
     const ggml_type t = checked_type(type, n_per_row);
     if (ggml_quantize_requires_imatrix(t)) {

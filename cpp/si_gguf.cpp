@@ -137,25 +137,36 @@ bool sparse_ops_support(ggml_type t) {
     }
 }
 
-// A SelectInfer layer's FFN tensors against its metadata and the assumptions of the sparse ops
-// (gate and up hold the first n_gate_rows of the n_load rows when their static rows load apart).
-void check_layer(const llama_layer & layer, int il, int64_t n_load, int64_t n_gate_rows, int64_t n_original) {
+// The rows a SelectInfer layer holds, read from its tensors: n_static static neurons (0 when it has
+// no ffn_down_static) and n_load loaded ones.
+void layer_rows(const llama_layer & layer, int64_t & n_static, int64_t & n_load) {
+    n_static = layer.ffn_down_static ? layer.ffn_down_static->ne[0] : 0;
+    n_load = n_static + (layer.ffn_down_t ? layer.ffn_down_t->ne[1] : 0);
+}
+
+// A SelectInfer layer's FFN tensors against the assumptions of the sparse ops (format_version 2):
+// gate and up [n_embd, n_static] with the static rows (every loaded row when n_static = 0), then
+// ffn_gate_dyn and ffn_up_dyn [n_embd, n_load - n_static]; ffn_down_static [n_static, n_embd] in
+// upstream's layout; ffn_down_t [n_embd, n_load - n_static], one row per dynamic neuron.
+void check_layer(const llama_layer & layer, int il, int64_t n_static, int64_t n_load, int64_t n_original) {
     const std::string blk = "blk." + std::to_string(il) + ".";
-    const ggml_tensor * down_t = layer.ffn_down_t;
     if (n_load < 1 || n_load > n_original) {
-        refuse(blk + "ffn_down_t has " + std::to_string(n_load) + " neurons, outside [1, " + kOriginalN + " = " +
-               std::to_string(n_original) + "]");
+        refuse(blk + "ffn_down_static and ffn_down_t hold " + std::to_string(n_load) + " neurons, outside [1, " +
+               kOriginalN + " = " + std::to_string(n_original) + "]");
     }
-    using Part = std::tuple<const char *, const ggml_tensor *, int64_t>;  // name, tensor, rows
-    for (const auto & [name, t, rows] : {Part{"ffn_gate", layer.ffn_gate, n_gate_rows},
-                                         Part{"ffn_up", layer.ffn_up, n_gate_rows},
-                                         Part{"ffn_gate_dyn", layer.ffn_gate_dyn, n_load - n_gate_rows},
-                                         Part{"ffn_up_dyn", layer.ffn_up_dyn, n_load - n_gate_rows},
-                                         Part{"ffn_down_t", down_t, n_load}}) {
-        if (rows == 0 && !t) continue;  // no rows beyond the static ones
+    const int64_t n_embd = layer.ffn_gate ? layer.ffn_gate->ne[0] : 0;
+    const int64_t n_gate = n_static > 0 ? n_static : n_load;
+    using Part = std::tuple<const char *, const ggml_tensor *, int64_t, int64_t>;  // name, tensor, ne[0], ne[1]
+    for (const auto & [name, t, ne0, ne1] : {Part{"ffn_gate", layer.ffn_gate, n_embd, n_gate},
+                                             Part{"ffn_up", layer.ffn_up, n_embd, n_gate},
+                                             Part{"ffn_gate_dyn", layer.ffn_gate_dyn, n_embd, n_load - n_gate},
+                                             Part{"ffn_up_dyn", layer.ffn_up_dyn, n_embd, n_load - n_gate},
+                                             Part{"ffn_down_static", layer.ffn_down_static, n_static, n_embd},
+                                             Part{"ffn_down_t", layer.ffn_down_t, n_embd, n_load - n_static}}) {
+        if ((ne0 == 0 || ne1 == 0) && !t) continue;  // a part without rows
         if (!t) refuse(blk + name + " is missing");
-        if (t->ne[0] != down_t->ne[0] || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1) {
-            refuse(blk + name + " is not [n_embd, " + std::to_string(rows) + "] like " + blk + "ffn_down_t");
+        if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != 1 || t->ne[3] != 1) {
+            refuse(blk + name + " is not [" + std::to_string(ne0) + ", " + std::to_string(ne1) + "]");
         }
         if (!sparse_ops_support(t->type)) {
             std::string type = ggml_type_name(t->type);
@@ -178,7 +189,7 @@ void check_neuron_ids(const Metadata & m, int il, int64_t n_load, int64_t n_orig
     const std::vector<int64_t> ids = m.integers(key);
     if ((int64_t) ids.size() != n_load) {
         refuse(key + " has " + std::to_string(ids.size()) + " ids for the " + std::to_string(n_load) +
-               " rows of blk." + std::to_string(il) + ".ffn_down_t");
+               " neurons of layer " + std::to_string(il));
     }
     std::vector<bool> seen(n_original, false);
     for (int64_t id : ids) {
@@ -197,8 +208,8 @@ std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model,
     const Metadata m(loader.metadata);
     if (!m.has(kVersion)) {
         for (int il = 0; il < n_layer; ++il) {
-            if (model.layers[il].ffn_down_t) {
-                refuse("blk." + std::to_string(il) + ".ffn_down_t without " + kVersion);
+            if (model.layers[il].ffn_down_t || model.layers[il].ffn_down_static) {
+                refuse("blk." + std::to_string(il) + " is a SelectInfer layer without " + kVersion);
             }
         }
         return nullptr;  // a dense model
@@ -237,46 +248,32 @@ std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model,
         }
         if (i > 0 && il <= layers[i - 1]) refuse(std::string(kLayers) + " is not strictly increasing");
         const llama_layer & layer = model.layers[il];
-        if (!layer.ffn_down_t) refuse(std::string(kLayers) + " lists layer " + std::to_string(il) + " but blk." +
-                                      std::to_string(il) + ".ffn_down_t is missing");
-        const int64_t n_load = layer.ffn_down_t->ne[1];
-        const auto apart = loader.selectinfer_static_rows.find((int) il);
-        const bool static_apart = apart != loader.selectinfer_static_rows.end();
-        if (static_apart && apart->second != statics[i]) {
-            refuse(std::string(kStaticCounts) + " changed while layer " + std::to_string(il) + " loaded");
+        if (!layer.ffn_down_t && !layer.ffn_down_static) {
+            refuse(std::string(kLayers) + " lists layer " + std::to_string(il) + " but blk." + std::to_string(il) +
+                   " has neither ffn_down_static nor ffn_down_t");
         }
-        check_layer(layer, (int) il, n_load, static_apart ? statics[i] : n_load, info->n_original);
-        if (statics[i] < 0 || statics[i] > n_load || (static_count >= 0 && statics[i] != static_count)) {
+        int64_t n_static, n_load;
+        layer_rows(layer, n_static, n_load);
+        check_layer(layer, (int) il, n_static, n_load, info->n_original);
+        if (statics[i] != n_static || (static_count >= 0 && statics[i] != static_count)) {
             refuse(std::string(kStaticCounts) + " gives layer " + std::to_string(il) + " " + std::to_string(statics[i]) +
-                   " static neurons (of " + std::to_string(n_load) + " loaded" +
+                   " static neurons (blk." + std::to_string(il) + ".ffn_down_static holds " + std::to_string(n_static) +
                    (static_count >= 0 ? ", " + std::string(kStaticCount) + " = " + std::to_string(static_count) : "") + ")");
         }
         check_neuron_ids(m, (int) il, n_load, info->n_original);
         info->n_load[(int) il] = (int32_t) n_load;
-        info->n_static[(int) il] = (int32_t) statics[i];
-        if (static_apart) info->static_apart.insert((int) il);
+        info->n_static[(int) il] = (int32_t) n_static;
     }
     for (int il = 0; il < n_layer; ++il) {
-        if (model.layers[il].ffn_down_t && !info->n_load.count(il)) {
-            refuse("blk." + std::to_string(il) + ".ffn_down_t is present but layer " + std::to_string(il) +
-                   " is not in " + kLayers);
+        if ((model.layers[il].ffn_down_t || model.layers[il].ffn_down_static) && !info->n_load.count(il)) {
+            refuse("blk." + std::to_string(il) + " is a SelectInfer layer (ffn_down_static, ffn_down_t) but layer " +
+                   std::to_string(il) + " is not in " + kLayers);
         }
     }
     return info;
 }
 
 namespace {
-
-thread_local std::optional<bool> t_coreinfer_load;
-
-bool loading_for_coreinfer() {
-    if (t_coreinfer_load) return *t_coreinfer_load;
-    try {
-        return SelectionOverrides::coreinfer_from_environment().value_or(false);
-    } catch (const std::invalid_argument &) {
-        return false;  // the context refuses the knob, with its message
-    }
-}
 
 // The loader's view of tensor `name` as two: rows [0, n_first) under its own name, the rest
 // (when there are any) as `rest_name`, at the same file bytes.
@@ -299,33 +296,34 @@ void split_rows(llama_model_loader & loader, const std::string & name, const std
     t->nb[3] = t->nb[2] * t->ne[2];
 }
 
+// n_static of layer il from its ffn_down_static ([n_static, n_embd]), or 0.
+int64_t static_rows_in_file(const llama_model_loader & loader, int il) {
+    const ggml_tensor * t = loader.get_tensor_meta(("blk." + std::to_string(il) + ".ffn_down_static.weight").c_str());
+    return t ? t->ne[0] : 0;
+}
+
 }  // namespace
 
-void split_static_rows(llama_model_loader & loader, bool repack) {
-    const Metadata m(loader.metadata);
-    if (!repack || !m.has(kVersion) || loading_for_coreinfer()) return;
-    std::vector<int64_t> layers, statics;
-    try {
-        layers = m.integers(kLayers);
-        statics = m.integers(kStaticCounts);
-    } catch (const std::runtime_error &) {
-        return;  // refused after the load, with the reason
+void split_static_rows(llama_model_loader & loader) {
+    std::vector<int> layers;
+    for (const auto & [name, w] : loader.weights_map) {
+        int il = -1, end = 0;
+        if (std::sscanf(name.c_str(), "blk.%d.ffn_down_static.weight%n", &il, &end) == 1 && end == (int) name.size() &&
+            il >= 0) {
+            layers.push_back(il);
+        }
     }
-    if (layers.size() != statics.size()) return;
     ggml_context * ctx = nullptr;
-    for (size_t i = 0; i < layers.size(); ++i) {
-        const int64_t il = layers[i], n_static = statics[i];
-        if (il < 0 || il > INT32_MAX || n_static <= 0 || loader.selectinfer_static_rows.count((int) il)) continue;
+    for (int il : layers) {
+        const int64_t n_static = static_rows_in_file(loader, il);
         const std::string blk = "blk." + std::to_string(il) + ".";
-        const ggml_tensor * down_t = loader.get_tensor_meta((blk + "ffn_down_t.weight").c_str());
-        if (!down_t || n_static > down_t->ne[1]) continue;
-        bool fits = true;
+        bool fits = n_static > 0;
         for (const char * kind : {"ffn_gate", "ffn_up"}) {
             const ggml_tensor * t = loader.get_tensor_meta((blk + kind + ".weight").c_str());
-            fits = fits && t && ggml_n_dims(t) == 2 && t->ne[1] == down_t->ne[1] &&
+            fits = fits && t && ggml_n_dims(t) == 2 && t->ne[1] >= n_static &&
                    !loader.get_tensor_meta((blk + kind + "_dyn.weight").c_str());
         }
-        if (!fits) continue;
+        if (!fits) continue;  // created whole, and refused: its shape disagrees
         if (!ctx) {  // the meta tensors of the dynamic rows, freed with the loader's own
             ggml_init_params params = {2 * layers.size() * ggml_tensor_overhead(), nullptr, true};
             ctx = ggml_init(params);
@@ -335,35 +333,42 @@ void split_static_rows(llama_model_loader & loader, bool repack) {
         for (const char * kind : {"ffn_gate", "ffn_up"}) {
             split_rows(loader, blk + kind + ".weight", blk + kind + "_dyn.weight", n_static, ctx);
         }
-        loader.selectinfer_static_rows[(int) il] = n_static;
+        loader.selectinfer_static_rows[il] = n_static;
     }
 }
 
-void create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff) {
+bool create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff) {
+    const llama_model_loader & loader = *model.ml;
+    const std::string blk = "blk." + std::to_string(il) + ".";
+    const ggml_tensor * down_t = loader.get_tensor_meta((blk + "ffn_down_t.weight").c_str());
+    const int64_t n_static = static_rows_in_file(loader, il);
+    if (!down_t && n_static == 0) return false;  // a dense layer
+    const int64_t n_dynamic = down_t ? down_t->ne[1] : 0;
+    if (n_static + n_dynamic != n_ff) {
+        refuse(blk + "ffn_down_static and ffn_down_t hold " + std::to_string(n_static) + " + " +
+               std::to_string(n_dynamic) + " neurons, but feed_forward_length gives the layer " + std::to_string(n_ff));
+    }
     const auto & tn = model.tn;
-    const auto apart = model.ml->selectinfer_static_rows.find(il);
-    if (apart == model.ml->selectinfer_static_rows.end()) {
-        layer.ffn_gate = model.create_tensor(tn(LLM_TENSOR_FFN_GATE_ROWS, "weight", il), {n_embd, n_ff}, 0);
-        layer.ffn_up   = model.create_tensor(tn(LLM_TENSOR_FFN_UP_ROWS, "weight", il), {n_embd, n_ff}, 0);
-    } else {
-        const int64_t n_static = apart->second;
+    const int optional = model.TENSOR_NOT_REQUIRED;
+    if (loader.selectinfer_static_rows.count(il)) {  // upstream's matmul kinds: ggml may repack them
         layer.ffn_gate = model.create_tensor(tn(LLM_TENSOR_FFN_GATE, "weight", il), {n_embd, n_static}, 0);
         layer.ffn_up   = model.create_tensor(tn(LLM_TENSOR_FFN_UP, "weight", il), {n_embd, n_static}, 0);
-        if (n_ff > n_static) {
-            layer.ffn_gate_dyn = model.create_tensor(tn(LLM_TENSOR_FFN_GATE_DYN, "weight", il), {n_embd, n_ff - n_static}, 0);
-            layer.ffn_up_dyn   = model.create_tensor(tn(LLM_TENSOR_FFN_UP_DYN, "weight", il), {n_embd, n_ff - n_static}, 0);
+        layer.ffn_down_static = model.create_tensor(tn(LLM_TENSOR_FFN_DOWN_STATIC, "weight", il), {n_static, n_embd}, 0);
+        if (n_dynamic > 0) {
+            layer.ffn_gate_dyn = model.create_tensor(tn(LLM_TENSOR_FFN_GATE_DYN, "weight", il), {n_embd, n_dynamic}, 0);
+            layer.ffn_up_dyn   = model.create_tensor(tn(LLM_TENSOR_FFN_UP_DYN, "weight", il), {n_embd, n_dynamic}, 0);
+        }
+    } else {  // every row gathered, or a file the checks after the load refuse
+        layer.ffn_gate = model.create_tensor(tn(LLM_TENSOR_FFN_GATE_ROWS, "weight", il), {n_embd, n_ff}, 0);
+        layer.ffn_up   = model.create_tensor(tn(LLM_TENSOR_FFN_UP_ROWS, "weight", il), {n_embd, n_ff}, 0);
+        if (n_static > 0) {
+            layer.ffn_down_static = model.create_tensor(tn(LLM_TENSOR_FFN_DOWN_STATIC, "weight", il), {n_static, n_embd}, 0);
         }
     }
+    if (down_t) layer.ffn_down_t = model.create_tensor(tn(LLM_TENSOR_FFN_DOWN_T, "weight", il), {n_embd, n_dynamic}, 0);
     // present only in a broken file: refused after the load
-    layer.ffn_down = model.create_tensor(tn(LLM_TENSOR_FFN_DOWN, "weight", il), {n_ff, n_embd}, model.TENSOR_NOT_REQUIRED);
-}
-
-CoreInferLoad::CoreInferLoad(std::optional<bool> coreinfer) : previous_(t_coreinfer_load) {
-    t_coreinfer_load = coreinfer;
-}
-
-CoreInferLoad::~CoreInferLoad() {
-    t_coreinfer_load = previous_;
+    layer.ffn_down = model.create_tensor(tn(LLM_TENSOR_FFN_DOWN, "weight", il), {n_ff, n_embd}, optional);
+    return true;
 }
 
 const SiModelInfo * si_model_info(const llama_model & model) {

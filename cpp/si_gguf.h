@@ -10,8 +10,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <optional>
-#include <set>
 #include <vector>
 
 struct llama_layer;
@@ -21,7 +19,7 @@ struct llama_model_loader;
 
 namespace selectinfer {
 
-constexpr uint32_t kFormatVersion = 1;  // selectinfer.format_version this build reads
+constexpr uint32_t kFormatVersion = 2;  // selectinfer.format_version this build reads
 
 // What a SelectInfer GGUF says about its layers, validated.
 struct SiModelInfo {
@@ -33,7 +31,6 @@ struct SiModelInfo {
     float    token_ratio    = -1;  // alpha the file suggests; < 0: none
     std::map<int, int32_t> n_static;  // SelectInfer layer -> static neurons (rows 0..n_static-1)
     std::map<int, int32_t> n_load;    // SelectInfer layer -> loaded neurons (rows of its FFN tensors)
-    std::set<int> static_apart;       // layers whose static gate/up rows are tensors of their own
 };
 
 // For a model llama.cpp has just loaded: null for a dense model, otherwise the validated
@@ -42,28 +39,18 @@ struct SiModelInfo {
 // without biases, in a llama or qwen2 model).
 std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model, const llama_model_loader & loader);
 
-// Selective loading meets ggml's repacked kernels (AMX, CPU_REPACK). A SelectInfer layer's static
-// rows are computed at every step, as a block: when weights may be repacked, rows [0, n_static) of
-// ffn_gate and ffn_up load as tensors of their own (upstream's matmul kinds: ggml repacks them
-// where it can, and a decode step runs them through its fastest kernels), and rows
-// [n_static, n_load) as `blk.N.ffn_gate_dyn` and `blk.N.ffn_up_dyn` (row-gathered kinds, plain
-// buffers). Same file, same bytes: the split is two views of each tensor's data in the loader.
-// CoreInfer mode gathers any loaded row, so a model loaded for it keeps its tensors whole.
-void split_static_rows(llama_model_loader & loader, bool repack);
-void create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff);
-
-// While alive, the models this thread loads are for CoreInfer mode or not (the engine knows it
-// from the caller's settings); otherwise SELECTINFER_COREINFER says.
-class CoreInferLoad {
-public:
-    explicit CoreInferLoad(std::optional<bool> coreinfer);
-    ~CoreInferLoad();
-    CoreInferLoad(const CoreInferLoad &) = delete;
-    CoreInferLoad & operator=(const CoreInferLoad &) = delete;
-
-private:
-    std::optional<bool> previous_;
-};
+// A SelectInfer layer in the file (format_version 2): ffn_gate and ffn_up [n_embd, n_load] with
+// the static neurons' rows first, ffn_down_static [n_static, n_embd] (the static neurons' columns
+// of the down projection, in upstream's layout) and ffn_down_t [n_embd, n_load - n_static] (the
+// other neurons' down projection, one row per neuron). The static neurons are computed at every
+// step, as one block: before llama.cpp creates the tensors, rows [0, n_static) of ffn_gate and
+// ffn_up become tensors of their own (upstream's matmul kinds: ggml repacks them where it can, for
+// AMX or CPU_REPACK) and rows [n_static, n_load) `blk.N.ffn_gate_dyn` / `ffn_up_dyn` (row-gathered
+// kinds, plain buffers): same file, same bytes, two views of each tensor's data in the loader.
+// A layer without static neurons keeps gate and up whole.
+void split_static_rows(llama_model_loader & loader);
+// Creates the FFN tensors of layer il when it is a SelectInfer layer (false: a dense layer).
+bool create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff);
 
 // The validated info of a loaded model (set by the loader through ffn_hook.h), or null.
 const SiModelInfo * si_model_info(const llama_model & model);

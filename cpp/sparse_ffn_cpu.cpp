@@ -35,7 +35,7 @@ struct RowIds {
             ids = (const int32_t *) t->data;
             n = t->ne[0];
         }
-        if (dst->op == GGML_OP_SI_MUL_ROWS) first_id = ggml_get_op_params_i32(dst, GGML_SI_MUL_ROWS_FIRST_ID);
+        first_id = ggml_get_op_params_i32(dst, GGML_SI_MUL_ROWS_FIRST_ID);
     }
     int64_t operator()(int64_t j) const { return ids ? (int64_t) ids[j] - first_id : j; }
 };

@@ -21,15 +21,16 @@ struct ggml_tensor * ggml_si_mul_rows(struct ggml_context * ctx, struct ggml_ten
 }
 
 struct ggml_tensor * ggml_si_mul_rows_t(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * h,
-                                        struct ggml_tensor * ids) {
+                                        struct ggml_tensor * ids, int first_id) {
     GGML_ASSERT(ggml_n_dims(w) <= 2 && ggml_n_dims(h) <= 2 && h->type == GGML_TYPE_F32 && ggml_is_contiguous(h));
-    GGML_ASSERT(ggml_is_contiguous_rows(w));
+    GGML_ASSERT(ggml_is_contiguous_rows(w) && first_id >= 0 && (ids || first_id == 0));
     if (ids) {
         GGML_ASSERT(ids->type == GGML_TYPE_I32 && ggml_is_vector(ids) && ids->ne[0] == h->ne[0]);
     } else {
         GGML_ASSERT(h->ne[0] <= w->ne[1]);
     }
     struct ggml_tensor * out = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], h->ne[1]);
+    ggml_set_op_params_i32(out, GGML_SI_MUL_ROWS_FIRST_ID, first_id);
     out->op     = GGML_OP_SI_MUL_ROWS_T;
     out->src[0] = w;
     out->src[1] = h;

@@ -20,10 +20,9 @@ GGML_API struct ggml_tensor * ggml_si_mul_rows(struct ggml_context * ctx, struct
                                                struct ggml_tensor * x, struct ggml_tensor * ids, int first_id);
 // Row-indexed transposed accumulate (the down projection stored one row per neuron):
 //   w [E, R] any type, h [n, T] F32, ids [n] I32 or NULL (rows 0..n-1) -> [E, T] F32,
-//   out[:, t] = sum_j h[j, t] * w[ids[j], :]
+//   out[:, t] = sum_j h[j, t] * w[ids[j] - first_id, :]
 GGML_API struct ggml_tensor * ggml_si_mul_rows_t(struct ggml_context * ctx, struct ggml_tensor * w,
-                                                 struct ggml_tensor * h, struct ggml_tensor * ids);
-
+                                                 struct ggml_tensor * h, struct ggml_tensor * ids, int first_id);
 // A prompt's neuron selection is two ops, so that a prompt evaluated in several batches selects
 // from all of its tokens: each batch adds its counts to the previous batches' (a per-layer tensor
 // the graph copies the result back into), and the selection reads the running counts.
@@ -42,7 +41,7 @@ GGML_API struct ggml_tensor * ggml_si_select(struct ggml_context * ctx, struct g
                                              int n_dynamic);
 
 // Op parameter slots (ggml_set_op_params_*).
-enum ggml_si_mul_rows_param { GGML_SI_MUL_ROWS_FIRST_ID = 0 };
+enum ggml_si_mul_rows_param { GGML_SI_MUL_ROWS_FIRST_ID = 0 };  // both row ops
 enum ggml_si_count_param { GGML_SI_COUNT_ALPHA = 0, GGML_SI_COUNT_BY_MAGNITUDE = 1 };
 enum ggml_si_select_param { GGML_SI_SELECT_N_STATIC = 0, GGML_SI_SELECT_N_DYNAMIC = 1 };
 

@@ -27,14 +27,19 @@ class ReferenceModel:
     def load(cls, path) -> "ReferenceModel":
         reader = GGUFReader(str(path))
         arch = _field(reader, "general.architecture")
-        weights = {}
+        weights, down_parts = {}, {}
         for t in reader.tensors:
             shape = tuple(int(d) for d in reversed(t.shape))  # ggml ne -> numpy (rows, cols)
             w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(shape)
-            if t.name.endswith(".ffn_down_t.weight"):  # SelectInfer layout: one row per neuron
-                weights[t.name.replace("ffn_down_t", "ffn_down")] = w.T
+            # SelectInfer layout: the static neurons' columns of ffn_down, the others' rows transposed
+            if t.name.endswith(".ffn_down_static.weight"):
+                down_parts.setdefault(t.name.replace("ffn_down_static", "ffn_down"), {})[0] = w
+            elif t.name.endswith(".ffn_down_t.weight"):
+                down_parts.setdefault(t.name.replace("ffn_down_t", "ffn_down"), {})[1] = w.T
             else:
                 weights[t.name] = w
+        for name, parts in down_parts.items():  # [n_embd, n_load], neurons in the file's order
+            weights[name] = np.concatenate([parts[k] for k in sorted(parts)], axis=1)
         return cls(
             arch=arch,
             n_layer=int(_field(reader, f"{arch}.block_count")),

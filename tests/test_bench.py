@@ -24,10 +24,14 @@ def test_bytes_read_per_token(models):
     assert bytes_read_per_token(dense) == sum(d.values()) - d["token_embd.weight"] + embd_read
     loaded = bytes_read_per_token(si)
     assert loaded == sum(s.values()) - s["token_embd.weight"] + embd_read
-    # phi 0.5 of N = 256: 128 of the 192 loaded rows of gate, up and down_t in layers 1 and 2
-    ffn = sum(s[f"blk.{il}.{k}.weight"] for il in (1, 2) for k in ("ffn_gate", "ffn_up", "ffn_down_t"))
-    assert bytes_read_per_token(si, 0.5) == loaded - ffn + ffn * 128 // 192
-    assert bytes_read_per_token(si, 0.75) == loaded
+    # phi 0.5 of N = 256: 128 of the 192 loaded neurons of layers 1 and 2 (their gate and up rows,
+    # and their down projection, the static neurons' and the others')
+    for il in (1, 2):
+        for kind in ("ffn_gate", "ffn_up", "ffn_down_static", "ffn_down_t"):
+            nbytes = s[f"blk.{il}.{kind}.weight"]
+            loaded -= nbytes - nbytes * 128 // 192
+    assert bytes_read_per_token(si, 0.5) == loaded
+    assert bytes_read_per_token(si, 0.75) == bytes_read_per_token(si)
 
 
 def test_bench_runs_every_configuration_side_by_side(models):

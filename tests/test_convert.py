@@ -7,7 +7,7 @@ from gguf import GGUFReader
 from reference import ReferenceModel
 
 from selectinfer import Model, ModelLoadError
-from selectinfer.convert import (ConvertError, SourceGGUF, convert, default_layers, estimate_output_bytes, inspect,
+from selectinfer.convert import (SI_FORMAT_VERSION, ConvertError, SourceGGUF, convert, default_layers, estimate_output_bytes, inspect,
                                  neuron_count, plan_layers)
 from selectinfer.profiles import DatasetStats, ModelInfo, Profile, ProfileError, ranking
 from selectinfer.paths import sha256_file
@@ -119,7 +119,7 @@ def test_loads_with_and_without_mmap(models, tmp_path):
     assert np.array_equal(mapped, read)
     with Model(out, n_ctx=64) as m:
         assert m.stats()["model_bytes"] < os.path.getsize(src)
-        assert m.metadata("selectinfer.format_version") == "1"
+        assert m.metadata("selectinfer.format_version") == str(SI_FORMAT_VERSION)
 
 
 def profile_for(src, n_layer=3, n_ff=768):

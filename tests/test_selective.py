@@ -6,7 +6,7 @@ from gguf import GGUFReader
 from helpers import make_si_model
 from reference import ReferenceModel, reference_select, rms_norm
 
-from selectinfer import Model
+from selectinfer import Model, ModelLoadError
 from selectinfer.convert import convert
 from selectinfer.synthetic import make_model
 
@@ -72,10 +72,9 @@ def top_k_margin(acts: dict, alpha: float, by_magnitude: bool) -> float:
     return worst
 
 
-@pytest.mark.parametrize("repack", [True, False], ids=["static-apart", "whole"])
+@pytest.mark.parametrize("repack", [True, False], ids=["repack", "no-repack"])
 @pytest.mark.parametrize("phi,alpha,select_by", [(0.5, 0.2, "value"), (0.4, 0.5, "magnitude"), (0.25, 0.2, "value")])
 def test_selection_and_decode_match_reference(si_model, phi, alpha, select_by, repack):
-    """Both layouts of a SelectInfer layer: static rows apart (repacking on) and whole."""
     ref = ReferenceModel.load(si_model)
     with Model(si_model, n_ctx=128) as m:
         candidates = [m.tokenize(p) for p in PROMPTS]
@@ -102,45 +101,37 @@ def test_selection_and_decode_match_reference(si_model, phi, alpha, select_by, r
     assert np.abs(logits - expected_logits).max() < 2e-3 * np.abs(expected_logits).max()
 
 
-def test_static_rows_load_apart_when_weights_may_be_repacked(si_model):
-    """Repacking on: rows [0, n_static) of gate/up are tensors of their own (upstream's matmul kinds,
-    which ggml may repack), the rest `ffn_*_dyn`; off, or for CoreInfer mode, the layer stays whole."""
+def test_static_neurons_load_as_tensors_of_their_own(si_model, tmp_path):
+    """Rows [0, n_static) of gate/up and ffn_down_static are upstream's matmul kinds (which ggml may
+    repack), the gathered rows `ffn_*_dyn` and ffn_down_t; a layer without static neurons is whole."""
     n_embd, n_load, n_static = 64, round(0.75 * 256), round(0.25 * 256)
-    with Model(si_model, n_ctx=64) as m:
-        placed = m.weight_placement()
-    for il in (1, 2):
-        for kind in ("ffn_gate", "ffn_up"):
-            assert placed[f"blk.{il}.{kind}.weight"][0] == [n_embd, n_static]
-            assert placed[f"blk.{il}.{kind}_dyn.weight"][0] == [n_embd, n_load - n_static]
-        assert placed[f"blk.{il}.ffn_down_t.weight"][0] == [n_embd, n_load]
-    assert placed["blk.0.ffn_gate.weight"][0] == [n_embd, 256]  # a dense layer
-    for kwargs in ({"repack": False}, {"coreinfer": True, "compute_ratio": 0.3}):
-        with Model(si_model, n_ctx=64, **kwargs) as m:
-            placed = m.weight_placement()
-        assert placed["blk.1.ffn_gate.weight"][0] == [n_embd, n_load], kwargs
-        assert "blk.1.ffn_gate_dyn.weight" not in placed, kwargs
-
-
-def test_both_layouts_generate_the_same_tokens(si_model):
-    prompt = "the capital of france is"
-    out = {}
     for repack in (True, False):
-        for kwargs in ({"compute_ratio": 0.4}, {"dense": True}):
-            with Model(si_model, n_ctx=64, repack=repack, **kwargs) as m:
-                out[repack, kwargs.get("dense", False)] = m.generate(prompt, max_tokens=8, temperature=0)
-    assert out[True, False] == out[False, False] and out[True, True] == out[False, True]
+        with Model(si_model, n_ctx=64, repack=repack) as m:
+            placed = {name: ne for name, (ne, _) in m.weight_placement().items()}
+        for il in (1, 2):
+            for kind in ("ffn_gate", "ffn_up"):
+                assert placed[f"blk.{il}.{kind}.weight"] == [n_embd, n_static]
+                assert placed[f"blk.{il}.{kind}_dyn.weight"] == [n_embd, n_load - n_static]
+            assert placed[f"blk.{il}.ffn_down_static.weight"] == [n_static, n_embd]
+            assert placed[f"blk.{il}.ffn_down_t.weight"] == [n_embd, n_load - n_static]
+        assert placed["blk.0.ffn_gate.weight"] == [n_embd, 256] and "blk.0.ffn_down.weight" in placed  # dense
+    src, no_static = tmp_path / "dense.gguf", tmp_path / "no-static.gguf"
+    make_model(src, "tiny-llama", weight_type="F32", seed=11, n_ff=256, n_layer=3)
+    convert(src, no_static, ranking="random", seed=2, load_ratio=0.5, static_ratio=0.0, layers="1:3", progress=False)
+    with Model(no_static, n_ctx=64) as m:
+        placed = {name: ne for name, (ne, _) in m.weight_placement().items()}
+    assert placed["blk.1.ffn_gate.weight"] == [n_embd, 128] and placed["blk.1.ffn_down_t.weight"] == [n_embd, 128]
+    assert "blk.1.ffn_gate_dyn.weight" not in placed and "blk.1.ffn_down_static.weight" not in placed
 
 
-def test_coreinfer_mode_needs_a_whole_layer(si_model, monkeypatch):
-    """The loader split the static rows (not asked for CoreInfer at load): turning CoreInfer on for
-    the context is refused with the way out, never a gather from a repacked block."""
-    monkeypatch.setenv("SELECTINFER_COREINFER", "1")
-    with Model(si_model, n_ctx=64, coreinfer=False) as m:  # the caller wins: loaded apart
-        assert "blk.1.ffn_gate_dyn.weight" in m.weight_placement()
-        assert not m.selection_config()["coreinfer"]
-    with Model(si_model, n_ctx=64, compute_ratio=0.1) as m:  # the environment: loaded whole
-        assert "blk.1.ffn_gate_dyn.weight" not in m.weight_placement()
-        assert m.selection_config()["coreinfer"]
+def test_coreinfer_mode_needs_a_file_without_static_neurons(si_model, cli):
+    """The static neurons are stored in upstream's layout, for upstream's matmul: the prompt cannot
+    choose them. CoreInfer mode on such a file is refused with the way to convert for it."""
+    with pytest.raises(ValueError, match="convert the model with --static-ratio 0 for CoreInfer mode"):
+        Model(si_model, n_ctx=64, compute_ratio=0.5, coreinfer=True)
+    core = cli("-m", si_model, "-p", "the capital", "-n", "2", "--coreinfer", "--compute-ratio", "0.5")
+    assert core.returncode == 1 and "--static-ratio 0 for CoreInfer mode" in core.stderr
+    assert len(core.stderr.strip().splitlines()) == 1
 
 
 def clear_prompt(ref, candidates, alpha):
@@ -223,9 +214,8 @@ def test_one_pass_scoring_is_a_prompt_after_generation_too(si_model):
     assert np.array_equal(got, expected)
 
 
-def test_coreinfer_mode_chooses_every_neuron_from_the_prompt(tmp_path, si_model):
-    """CoreInfer: with a gamma = 1, delta = 0 file the prompt chooses all phi N neurons; on any file
-    the static neurons are not kept and phi may go below delta."""
+def test_coreinfer_mode_chooses_every_neuron_from_the_prompt(tmp_path):
+    """CoreInfer: with a gamma = 1, delta = 0 file the prompt chooses all phi N neurons."""
     src, out = tmp_path / "dense.gguf", tmp_path / "coreinfer.gguf"
     make_model(src, "tiny-llama", weight_type="F32", seed=11, n_ff=256, n_layer=3)
     convert(src, out, ranking="random", seed=2, load_ratio=1.0, static_ratio=0.0, layers="1:3", progress=False)
@@ -237,11 +227,9 @@ def test_coreinfer_mode_chooses_every_neuron_from_the_prompt(tmp_path, si_model)
         assert m.selection_config()["coreinfer"]
         for il, ids in m.selected_neurons().items():
             assert ids.tolist() == reference_select(acts[il], 0, round(0.3 * 256), 0.2, False), f"layer {il}"
-    with Model(si_model, n_ctx=128, compute_ratio=0.1, coreinfer=True) as m:  # below delta = 0.25
+    with Model(out, n_ctx=128, compute_ratio=0.05, coreinfer=True) as m:
         decode(m, m.tokenize(PROMPT), 1)
-        assert all(len(ids) == round(0.1 * 256) for ids in m.selected_neurons().values())
-    with pytest.raises(ValueError, match="CoreInfer"):
-        Model(si_model, n_ctx=128, compute_ratio=0.9, coreinfer=True)
+        assert all(len(ids) == round(0.05 * 256) for ids in m.selected_neurons().values())
 
 
 def test_full_compute_ratio_equals_dense_over_loaded(si_model):
@@ -274,10 +262,10 @@ def test_defaults_come_from_the_file(si_model):
 def test_environment_sets_the_knobs(si_model, monkeypatch):
     monkeypatch.setenv("SELECTINFER_COMPUTE_RATIO", "0.5")
     monkeypatch.setenv("SELECTINFER_SELECT_BY", "magnitude")
-    monkeypatch.setenv("SELECTINFER_COREINFER", "1")
+    monkeypatch.setenv("SELECTINFER_DENSE", "1")
     with Model(si_model) as m:
         cfg = m.selection_config()
-    assert cfg["compute_ratio"] == pytest.approx(0.5) and cfg["select_by"] == "magnitude" and cfg["coreinfer"]
+    assert cfg["compute_ratio"] == pytest.approx(0.5) and cfg["select_by"] == "magnitude" and cfg["dense"]
 
 
 def test_explicit_settings_override_the_environment(si_model, monkeypatch):
@@ -289,10 +277,12 @@ def test_explicit_settings_override_the_environment(si_model, monkeypatch):
         cfg = m.selection_config()
     assert cfg == {"compute_ratio": pytest.approx(0.3), "token_ratio": pytest.approx(0.2), "select_by": "value",
                    "dense": False, "coreinfer": False}
+    with pytest.raises((ValueError, ModelLoadError), match="CoreInfer mode"):  # the environment's, on this file
+        Model(si_model)
+    monkeypatch.delenv("SELECTINFER_COREINFER")
     with Model(si_model) as m:
         cfg = m.selection_config()
-    assert cfg["compute_ratio"] == pytest.approx(0.5) and cfg["select_by"] == "magnitude"
-    assert cfg["dense"] and cfg["coreinfer"]
+    assert cfg["compute_ratio"] == pytest.approx(0.5) and cfg["select_by"] == "magnitude" and cfg["dense"]
 
 
 @pytest.mark.parametrize("name,value,match", [
@@ -331,8 +321,6 @@ def test_cli_knobs(cli, si_model, tiny_model):
     bad = cli("-m", si_model, "-p", "the capital", "--compute-ratio", "0.95")
     assert bad.returncode == 1 and "compute ratio (phi)" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
-    core = cli("-m", si_model, "-p", "the capital", "-n", "2", "--temp", "0", "--coreinfer", "--compute-ratio", "0.1")
-    assert core.returncode == 0, core.stderr
     dense = cli("-m", tiny_model("tiny-llama", "F32"), "-p", "x", "--dense-ffn")
     assert dense.returncode == 1 and "need a SelectInfer GGUF" in dense.stderr
 

@@ -38,10 +38,11 @@ def ids_of(fields, il):
 
 # (what is changed, the message it must give)
 BAD_METADATA = [
-    (dict(selectinfer__format_version=(V.UINT32, 2, None)), r"selectinfer.format_version = 2: this build of selectinfer reads version 1"),
+    (dict(selectinfer__format_version=(V.UINT32, 1, None)),
+     r"selectinfer.format_version = 1: this build of selectinfer reads version 2; convert the model again"),
     (dict(selectinfer__format_version=(V.STRING, "1", None)), r"selectinfer.format_version is a str, not an integer"),
     (dict(selectinfer__original_feed_forward_length=(V.UINT32, 0, None)), r"original_feed_forward_length = 0 is outside"),
-    (dict(selectinfer__original_feed_forward_length=(V.UINT32, 100, None)), r"blk.1.ffn_down_t has 192 neurons, outside \[1, .* = 100\]"),
+    (dict(selectinfer__original_feed_forward_length=(V.UINT32, 100, None)), r"blk.1.ffn_down_static and ffn_down_t hold 192 neurons, outside \[1, .* = 100\]"),
     (dict(selectinfer__original_feed_forward_length=None), r"original_feed_forward_length is missing"),
     (dict(selectinfer__load_ratio=(V.FLOAT32, float("nan"), None)), r"selectinfer.load_ratio = nan is outside \[0, 1\]"),
     (dict(selectinfer__load_ratio=(V.FLOAT32, 1.5, None)), r"selectinfer.load_ratio = 1.5 is outside"),
@@ -50,15 +51,15 @@ BAD_METADATA = [
     (dict(selectinfer__token_ratio=(V.FLOAT32, 0.0, None)), r"selectinfer.token_ratio must be > 0"),
     (dict(selectinfer__token_ratio=(V.FLOAT32, float("inf"), None)), r"selectinfer.token_ratio = inf is outside"),
     (dict(selectinfer__layers=arr([])), r"selectinfer.layers is empty"),
-    (dict(selectinfer__layers=arr([1]), selectinfer__static_counts=arr([64])), r"blk.2.ffn_down_t is present but layer 2 is not in selectinfer.layers"),
+    (dict(selectinfer__layers=arr([1]), selectinfer__static_counts=arr([64])), r"blk.2 is a SelectInfer layer \(ffn_down_static, ffn_down_t\) but layer 2 is not in selectinfer.layers"),
     (dict(selectinfer__layers=arr([2, 1])), r"selectinfer.layers is not strictly increasing"),
     (dict(selectinfer__layers=arr([1, 7])), r"selectinfer.layers lists layer 7 of a model with 3 layers"),
-    (dict(selectinfer__layers=arr([0, 1])), r"selectinfer.layers lists layer 0 but blk.0.ffn_down_t is missing"),
+    (dict(selectinfer__layers=arr([0, 1])), r"selectinfer.layers lists layer 0 but blk.0 has neither ffn_down_static nor ffn_down_t"),
     (dict(selectinfer__layers=(V.STRING, "1,2", None)), r"selectinfer.layers is not an array"),
     (dict(selectinfer__layers=arr([1.0, 2.0], V.FLOAT32)), r"selectinfer.layers is an array of f32, not of integers"),
     (dict(selectinfer__static_counts=arr([64])), r"selectinfer.static_counts has 1 entries for the 2 layers"),
     (dict(selectinfer__static_counts=arr([64, -1])), r"gives layer 2 -1 static neurons"),
-    (dict(selectinfer__static_counts=arr([64, 193])), r"gives layer 2 193 static neurons \(of 192 loaded"),
+    (dict(selectinfer__static_counts=arr([64, 193])), r"gives layer 2 193 static neurons \(blk.2.ffn_down_static holds 64"),
     (dict(selectinfer__static_counts=arr([64, 32])), r"gives layer 2 32 static neurons .*static_count = 64"),
     (dict(selectinfer__static_count=(V.INT32, -5, None)), r"selectinfer.static_count = -5 is outside"),
     (dict(selectinfer__neuron_ids__2=None), r"selectinfer.neuron_ids.2 is missing"),
@@ -74,7 +75,7 @@ def test_bad_metadata_is_refused_naming_the_key(si_parts, tmp_path, changes, mes
 
 
 @pytest.mark.parametrize("edit,message", [
-    (lambda ids: ids[:-1], r"selectinfer.neuron_ids.1 has 191 ids for the 192 rows of blk.1.ffn_down_t"),
+    (lambda ids: ids[:-1], r"selectinfer.neuron_ids.1 has 191 ids for the 192 neurons of layer 1"),
     (lambda ids: ids[:-1] + [ids[0]], r"selectinfer.neuron_ids.1 holds neuron \d+ twice"),
     (lambda ids: ids[:-1] + [256], r"selectinfer.neuron_ids.1 holds neuron 256, outside \[0, 256\)"),
     (lambda ids: ids[:-1] + [-3], r"selectinfer.neuron_ids.1 holds neuron -3, outside"),
@@ -89,8 +90,34 @@ def test_bad_neuron_ids_are_refused(si_parts, tmp_path, edit, message):
 def test_ffn_down_t_without_metadata_is_refused(si_parts, tmp_path):
     _, fields, tensors = si_parts
     dense_keys = {k: v for k, v in fields.items() if not k.startswith("selectinfer.")}
-    with pytest.raises(ModelLoadError, match=r"blk.1.ffn_down_t without selectinfer.format_version"):
+    with pytest.raises(ModelLoadError, match=r"blk.1 is a SelectInfer layer without selectinfer.format_version"):
         Model(write_gguf(tmp_path / "bad.gguf", dense_keys, tensors), n_ctx=64)
+
+
+def reshaped(t, ne):
+    """Tensor t with shape ne (F32; zeros, or its own values when they fit)."""
+    data = np.zeros(int(np.prod(ne)), dtype=np.float32)
+    return dict(t, data=data.view(np.uint8), ne=list(ne))
+
+
+@pytest.mark.parametrize("edit,message", [
+    # the two parts of the down projection must add up to the layer's width
+    (lambda t: None if t["name"] == "blk.1.ffn_down_t.weight" else t,
+     r"blk.1.ffn_down_static and ffn_down_t hold 64 \+ 0 neurons, but feed_forward_length gives the layer 192"),
+    (lambda t: reshaped(t, [64, 100]) if t["name"] == "blk.2.ffn_down_t.weight" else t,
+     r"blk.2.ffn_down_static and ffn_down_t hold 64 \+ 100 neurons"),
+    # the static part in upstream's layout: [n_static, n_embd]
+    (lambda t: reshaped(t, [64, 32]) if t["name"] == "blk.1.ffn_down_static.weight" else t,
+     r"tensor 'blk.1.ffn_down_static.weight' has wrong shape"),
+    # gate rows fewer than the static neurons: left whole by the loader, refused by its shape
+    (lambda t: reshaped(t, [64, 32]) if t["name"] == "blk.1.ffn_gate.weight" else t,
+     r"blk.1.ffn_gate.weight.*(shape|dimensions)"),
+])
+def test_bad_layer_tensors_are_refused(si_parts, tmp_path, edit, message):
+    _, fields, tensors = si_parts
+    changed = [e for e in (edit(t) for t in tensors) if e is not None]
+    with pytest.raises(ModelLoadError, match=message):
+        Model(write_gguf(tmp_path / "bad.gguf", fields, changed), n_ctx=64)
 
 
 def bias(name, n):

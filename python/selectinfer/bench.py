@@ -112,7 +112,7 @@ def bytes_read_per_token(path, compute_ratio: float | None = None) -> int:
     return _bytes_read(_native.read_gguf_header(str(path)), compute_ratio)
 
 
-_SI_FFN = re.compile(r"blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down_t)\.weight")
+_SI_FFN = re.compile(r"blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down_static|ffn_down_t)\.weight")
 
 
 def computed_neurons(compute_ratio: float, n_original: int, n_load: int) -> int:
@@ -123,17 +123,19 @@ def computed_neurons(compute_ratio: float, n_original: int, n_load: int) -> int:
 
 
 def _bytes_read(header: dict, compute_ratio: float | None = None) -> int:
+    kv = header["kv"]
     tensors = {t["name"]: t for t in header["tensors"]}
-    n_original = int(header["kv"].get("selectinfer.original_feed_forward_length", 0))
+    n_original = int(kv.get("selectinfer.original_feed_forward_length", 0))
+    si_layers = set(kv.get("selectinfer.layers") or [])
+    widths = kv.get(f"{kv.get('general.architecture')}.feed_forward_length")
     total = 0
     for name, t in tensors.items():
         if name == "token_embd.weight" and "output.weight" in tensors:
             continue  # only one row per token is read
         nbytes = t["nbytes"]
         ffn = _SI_FFN.fullmatch(name)
-        down_t = ffn and tensors.get(f"blk.{ffn.group(1)}.ffn_down_t.weight")
-        if compute_ratio is not None and down_t:  # an FFN matrix of a SelectInfer layer
-            n_load = down_t["ne"][1]
+        if compute_ratio is not None and ffn and int(ffn.group(1)) in si_layers:  # an FFN matrix of a SelectInfer layer
+            n_load = int(widths[int(ffn.group(1))])  # the same bytes per neuron in every part of it
             nbytes = nbytes * computed_neurons(compute_ratio, n_original, n_load) // n_load
         total += nbytes
     return total

@@ -4,21 +4,25 @@ neurons that matter.
 Per sparsified layer, of the ORIGINAL width N:
   static neurons    the top delta*N of the task's base ranking, stored first;
   secondary neurons the next (gamma - delta)*N of the model-wide ranking not already kept.
-A neuron is a row of every FFN matrix: `ffn_gate` and `ffn_up` keep the rows of the kept
-neurons byte for byte (any weight type), and the down projection is stored transposed as
-`blk.N.ffn_down_t` ([n_embd, n_loaded] in ggml order) with one row per kept neuron.
-`selectinfer.neuron_ids.N` (I32 array) holds the original id of each row (metadata: llama.cpp
-refuses files with tensors it does not use). `<arch>.feed_forward_length` becomes a per-layer
-array and the other `selectinfer.*` keys describe the conversion. Layers outside the
-sparsified range are copied unchanged.
+`ffn_gate` and `ffn_up` keep the rows of the kept neurons byte for byte (any weight type), static
+neurons first. The down projection is split: the static neurons, computed at every step as one
+block, keep upstream's layout as `blk.N.ffn_down_static` ([n_static, n_embd] in ggml order: their
+columns of `ffn_down`), so that upstream's matmul (and ggml's repacked kernels) computes them; the
+other neurons, gathered at decode, are stored transposed as `blk.N.ffn_down_t` ([n_embd,
+n_load - n_static]) with one row per neuron. `selectinfer.neuron_ids.N` (I32 array) holds the
+original id of each kept neuron (metadata: llama.cpp refuses files with tensors it does not use).
+`<arch>.feed_forward_length` becomes a per-layer array and the other `selectinfer.*` keys describe
+the conversion. Layers outside the sparsified range are copied unchanged.
 
-Transposing the down projection keeps F32/F16 values exact (BF16 ones too: they are stored as
-F16, see DOWN_T_TYPE); quantized types store their blocks along the other axis, so their down
-projection is re-quantized to the same type (from the dequantized values, with ggml's own
-quantizer); gate and up are never re-quantized.
+Gathering columns or transposing keeps F32/F16/BF16 values exact (BF16 rows of ffn_down_t are
+stored as F16, see DOWN_T_TYPE); quantized types store their blocks along the rows, so both parts
+of their down projection are re-quantized to the same type (from the dequantized values, with
+ggml's own quantizer), and the static count is a whole number of the type's blocks. gate and up
+are never re-quantized.
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -32,7 +36,7 @@ from . import _native
 from .paths import atomic_path, sha256_file
 from .profiles import Profile
 
-SI_FORMAT_VERSION = 1
+SI_FORMAT_VERSION = 2
 # run-time defaults written into the file (the authors' reference values): phi and alpha
 DEFAULT_COMPUTE_RATIO = 0.4
 DEFAULT_TOKEN_RATIO = 0.2
@@ -97,19 +101,38 @@ def neuron_step(n_ff: int) -> int:
     return NEURON_GROUP if n_ff >= 32 * NEURON_GROUP and n_ff % NEURON_GROUP == 0 else 1
 
 
-def neuron_count(ratio: float, n_ff: int) -> int:
-    """Neurons a layer of n_ff keeps at load ratio gamma, or holds static at static ratio delta."""
-    step = neuron_step(n_ff)
+def neuron_count(ratio: float, n_ff: int, step: int | None = None) -> int:
+    """Neurons a layer of n_ff keeps at load ratio gamma, or holds static at static ratio delta,
+    in whole steps (default: neuron_step)."""
+    step = step or neuron_step(n_ff)
     return round(ratio * n_ff / step) * step
 
 
-def plan_layers(n_ff: int, layers: range, load_ratio: float, static_ratio: float, *,
-                profile: Profile | None = None, task: str | None = None, seed: int = 0) -> dict[int, LayerPlan]:
-    """Which neurons each sparsified layer keeps. With a profile: static from the task's base
-    ranking, secondary from the model-wide ranking; without one: a seeded random choice."""
-    check_ratios(load_ratio, static_ratio)
+def static_step(n_ff: int, down_block: int) -> int:
+    """The unit of a layer's static count: whole groups (neuron_step) that are also whole blocks
+    of the down projection's type, since ffn_down_static has a row of n_static values."""
+    return math.lcm(neuron_step(n_ff), down_block)
+
+
+def layer_counts(n_ff: int, load_ratio: float, static_ratio: float, down_block: int = 1) -> tuple[int, int]:
+    """(n_load, n_static) of a sparsified layer. gamma = delta keeps only static neurons (a dense
+    layer over them: the yardstick of selective computation)."""
+    step = static_step(n_ff, down_block)
+    n_static = neuron_count(static_ratio, n_ff, step)
+    if static_ratio == load_ratio:
+        return n_static, n_static
     n_load = neuron_count(load_ratio, n_ff)
-    n_static = min(neuron_count(static_ratio, n_ff), n_load)
+    return n_load, min(n_static, n_load // step * step)
+
+
+def plan_layers(n_ff: int, layers: range, load_ratio: float, static_ratio: float, *,
+                profile: Profile | None = None, task: str | None = None, seed: int = 0,
+                down_block: int = 1) -> dict[int, LayerPlan]:
+    """Which neurons each sparsified layer keeps. With a profile: static from the task's base
+    ranking, secondary from the model-wide ranking; without one: a seeded random choice.
+    down_block: the block size of the down projection's type (static counts are whole blocks)."""
+    check_ratios(load_ratio, static_ratio)
+    n_load, n_static = layer_counts(n_ff, load_ratio, static_ratio, down_block)
     if n_load < 1:
         raise ConvertError(f"load ratio {load_ratio} keeps no neuron of {n_ff}")
     plans = {}
@@ -174,10 +197,10 @@ def _gather_transposed(matrix: np.ndarray, ids: np.ndarray, block: int = 256) ->
 
 
 def _down_transposed(src: SourceGGUF, t: dict, ids: np.ndarray) -> np.ndarray:
-    """The kept columns of ffn_down ([n_embd rows of n_ff] in numpy order) as rows [n_loaded, n_embd],
-    encoded in DOWN_T_TYPE.get(type, type)."""
+    """The columns `ids` of ffn_down ([n_embd rows of n_ff] in numpy order) as rows [len(ids), n_embd]:
+    ffn_down_t, encoded in DOWN_T_TYPE.get(type, type)."""
     qtype = GGMLQuantizationType(t["type"])
-    n_ff, n_embd = t["ne"][0], t["ne"][1]
+    n_ff = t["ne"][0]
     rows = src.rows(t)
     if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
         dtype = np.float32 if qtype == GGMLQuantizationType.F32 else np.float16
@@ -187,6 +210,28 @@ def _down_transposed(src: SourceGGUF, t: dict, ids: np.ndarray) -> np.ndarray:
         return words.view(np.float32).astype(np.float16)
     dense = _native.dequantize_rows(int(qtype), np.ascontiguousarray(rows), n_ff)
     return _native.quantize_rows(int(qtype), _gather_transposed(dense, ids))
+
+
+def _down_columns(src: SourceGGUF, t: dict, ids: np.ndarray) -> np.ndarray:
+    """The columns `ids` of ffn_down in its own layout, [n_embd rows of len(ids)]: ffn_down_static,
+    in the source type (len(ids) whole blocks of it)."""
+    qtype = GGMLQuantizationType(t["type"])
+    rows = src.rows(t)
+    if qtype in EXACT_TYPES:
+        dtype = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16,
+                 GGMLQuantizationType.BF16: np.uint16}[qtype]
+        return np.ascontiguousarray(rows.view(dtype)[:, ids])
+    dense = _native.dequantize_rows(int(qtype), np.ascontiguousarray(rows), t["ne"][0])
+    return _native.quantize_rows(int(qtype), np.ascontiguousarray(dense[:, ids]))
+
+
+@dataclass
+class OutputTensor:
+    name: str
+    type: int
+    ne: list[int]
+    source: dict  # the source tensor it comes from
+    part: str     # "copy", "rows" (gate/up), "down_static", "down_t"
 
 
 @dataclass
@@ -199,28 +244,53 @@ class ConvertResult:
     output_bytes: int
 
 
-def _output_tensors(src: SourceGGUF, plans: dict[int, LayerPlan]) -> list[tuple[str, int, list[int]]]:
-    """(name, ggml type, ne) of every output tensor, in the source's order."""
+def _output_tensors(src: SourceGGUF, plans: dict[int, LayerPlan]) -> list[OutputTensor]:
+    """Every output tensor, in the source's order (a SelectInfer layer's ffn_down becomes
+    ffn_down_static and ffn_down_t, each only when it has neurons)."""
     out = []
     for t in src.tensors:
         il, kind = _layer_kind(t["name"])
         ne = [d for d in t["ne"]]
         while len(ne) > 1 and ne[-1] == 1:
             ne.pop()
-        if il in plans and kind in ("ffn_gate", "ffn_up"):
-            out.append((t["name"], t["type"], [ne[0], len(plans[il].neuron_ids)]))
-        elif il in plans and kind == "ffn_down":
-            down_type = int(DOWN_T_TYPE.get(GGMLQuantizationType(t["type"]), GGMLQuantizationType(t["type"])))
-            out.append((f"blk.{il}.ffn_down_t.weight", down_type, [ne[1], len(plans[il].neuron_ids)]))
+        plan = plans.get(il)
+        if plan is not None and kind in ("ffn_gate", "ffn_up"):
+            out.append(OutputTensor(t["name"], t["type"], [ne[0], len(plan.neuron_ids)], t, "rows"))
+        elif plan is not None and kind == "ffn_down":
+            n_dynamic = len(plan.neuron_ids) - plan.n_static
+            if plan.n_static > 0:
+                out.append(OutputTensor(f"blk.{il}.ffn_down_static.weight", t["type"], [plan.n_static, ne[1]], t,
+                                        "down_static"))
+            if n_dynamic > 0:
+                down_type = int(DOWN_T_TYPE.get(GGMLQuantizationType(t["type"]), GGMLQuantizationType(t["type"])))
+                out.append(OutputTensor(f"blk.{il}.ffn_down_t.weight", down_type, [ne[1], n_dynamic], t, "down_t"))
         else:
-            out.append((t["name"], t["type"], ne))
+            out.append(OutputTensor(t["name"], t["type"], ne, t, "copy"))
     return out
+
+
+def _converted_tensor(src: SourceGGUF, out: OutputTensor, plans: dict[int, LayerPlan]) -> np.ndarray:
+    if out.part == "copy":
+        return src.rows(out.source)
+    plan = plans[_layer_kind(out.source["name"])[0]]
+    if out.part == "rows":
+        return src.rows(out.source)[plan.neuron_ids]  # rows copied byte for byte, any type
+    if out.part == "down_static":
+        return _down_columns(src, out.source, plan.neuron_ids[:plan.n_static])
+    return _down_transposed(src, out.source, plan.neuron_ids[plan.n_static:])
+
+
+def _down_block(src: SourceGGUF, layers: range) -> int:
+    """The largest block size among the sparsified layers' ffn_down types (1, 32 or 256)."""
+    blocks = [_native.block_size(t["type"]) for t in src.tensors if _layer_kind(t["name"]) in
+              {(il, "ffn_down") for il in layers}]
+    return max(blocks, default=1)
 
 
 def estimate_output_bytes(src: SourceGGUF, layers: range, n_load: int) -> int:
     """Tensor bytes of the converted file for n_load neurons per sparsified layer."""
     fake = {il: LayerPlan(np.zeros(n_load, dtype=np.int32), 0) for il in layers}
-    return sum(_native.row_bytes(ty, ne[0]) * int(np.prod(ne[1:])) for _, ty, ne in _output_tensors(src, fake))
+    return sum(_native.row_bytes(t.type, t.ne[0]) * int(np.prod(t.ne[1:])) for t in _output_tensors(src, fake))
 
 
 def parse_size(text: str) -> int:
@@ -311,7 +381,8 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
         prof.task_scores(task)  # fails clearly for a task the profile lacks
     if memory_budget is not None:
         load_ratio = fit_load_ratio(src, layer_range, n_ff, static_ratio, parse_size(memory_budget))
-    plans = plan_layers(n_ff, layer_range, load_ratio, static_ratio, profile=prof, task=task, seed=seed)
+    plans = plan_layers(n_ff, layer_range, load_ratio, static_ratio, profile=prof, task=task, seed=seed,
+                        down_block=_down_block(src, layer_range))
 
     out_dir = output.parent if str(output.parent) else Path(".")
     if not out_dir.is_dir() or not os.access(out_dir, os.W_OK):
@@ -339,14 +410,15 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
     keys += [(f"selectinfer.neuron_ids.{il}", "arr_i32", plans[il].neuron_ids.tolist()) for il in layer_range]
     tensors = _output_tensors(src, plans)
     with atomic_path(output) as tmp:
-        header = _native.write_gguf_header(str(model_path), str(tmp), [f"{arch}.feed_forward_length"], keys, tensors)
+        header = _native.write_gguf_header(str(model_path), str(tmp), [f"{arch}.feed_forward_length"], keys,
+                                           [(t.name, t.type, t.ne) for t in tensors])
         offsets = {t["name"]: t["offset"] for t in header["tensors"]}
         total = sum(t["nbytes"] for t in header["tensors"])
         with open(tmp, "r+b") as f, tqdm(total=total, unit="B", unit_scale=True, desc="convert",
                                          disable=not progress) as bar:
-            for t_src, (name, _, _) in zip(src.tensors, tensors):
-                data = _converted_tensor(src, t_src, plans)
-                f.seek(header["data_offset"] + offsets[name])
+            for t in tensors:
+                data = _converted_tensor(src, t, plans)
+                f.seek(header["data_offset"] + offsets[t.name])
                 f.write(memoryview(np.ascontiguousarray(data)).cast("B"))
                 bar.update(data.nbytes)
             digest = source_digest.result()
@@ -358,15 +430,6 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
             f.write(digest.encode())
     return ConvertResult(output, float(load_ratio), float(static_ratio), layer_range, model_path.stat().st_size,
                          output.stat().st_size)
-
-
-def _converted_tensor(src: SourceGGUF, t: dict, plans: dict[int, LayerPlan]) -> np.ndarray:
-    il, kind = _layer_kind(t["name"])
-    if il in plans and kind in ("ffn_gate", "ffn_up"):
-        return src.rows(t)[plans[il].neuron_ids]  # rows copied byte for byte, any type
-    if il in plans and kind == "ffn_down":
-        return _down_transposed(src, t, plans[il].neuron_ids)
-    return src.rows(t)
 
 
 def inspect(path: str | os.PathLike) -> str:
