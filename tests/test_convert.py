@@ -4,11 +4,13 @@ import os
 import numpy as np
 import pytest
 from gguf import GGUFReader
+from gguf.quants import dequantize
+from helpers import gguf_fields
 from reference import ReferenceModel
 
-from selectinfer import Model, ModelLoadError
-from selectinfer.convert import (SI_FORMAT_VERSION, ConvertError, SourceGGUF, convert, default_layers, estimate_output_bytes, inspect,
-                                 neuron_count, plan_layers)
+from selectinfer import Model, ModelLoadError, _native
+from selectinfer.convert import (SI_FORMAT_VERSION, ConvertError, SourceGGUF, convert, default_layers,
+                                 estimate_output_bytes, inspect, layer_counts, neuron_count, plan_layers)
 from selectinfer.profiles import DatasetStats, ModelInfo, Profile, ProfileError, ranking
 from selectinfer.paths import sha256_file
 from selectinfer.synthetic import make_model
@@ -187,6 +189,49 @@ def test_large_layers_keep_whole_groups_of_neurons():
     assert [p.n_static for p in plans.values()] == [1632, 1632]  # 1638.4 -> 51 groups
     with pytest.raises(ConvertError, match="keeps no neuron"):
         plan_layers(8192, range(2), 0.001, 0.0)
+
+
+def test_static_counts_are_whole_blocks_of_the_down_type():
+    """ffn_down_static has a row of n_static values: a whole number of the type's blocks (256 for
+    the K-quants). gamma = delta keeps only static neurons."""
+    assert layer_counts(8192, 0.7, 0.3, down_block=256) == (5728, 2560)  # 2457.6 -> 10 blocks
+    assert layer_counts(8192, 0.7, 0.3, down_block=32) == (5728, 2464)
+    assert layer_counts(8192, 0.4, 0.4, down_block=256) == (3328, 3328)
+    assert layer_counts(1536, 0.7, 0.3, down_block=256) == (1088, 512)
+    assert layer_counts(256, 0.6, 0.6, down_block=256) == (256, 256)
+    assert layer_counts(256, 0.75, 0.25, down_block=256) == (192, 0)  # no whole block fits
+
+
+@pytest.mark.parametrize("weight_type", ["F32", "BF16", "Q8_0", "Q4_K"])
+def test_the_down_projection_in_two_layouts(models, tmp_path, weight_type):
+    """A SelectInfer layer's down projection: the static neurons' columns in upstream's layout
+    (ffn_down_static [n_static, n_embd]), the others' as rows (ffn_down_t [n_embd, n_load - n_static]),
+    each equal to the source's columns (exactly, or to one re-quantization)."""
+    src, out = models("tiny-llama", weight_type), tmp_path / "si.gguf"
+    convert(src, out, ranking="random", seed=5, load_ratio=0.6, static_ratio=0.35, progress=False)
+
+    def values(path):
+        return {t.name: (np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(
+            [int(d) for d in reversed(t.shape)]), t.tensor_type) for t in GGUFReader(str(path)).tensors}
+    before, after = values(src), values(out)
+    fields = gguf_fields(out)
+    block = 256 if weight_type == "Q4_K" else 32 if weight_type == "Q8_0" else 1
+    for il in fields["selectinfer.layers"][1]:
+        ids = np.asarray(fields[f"selectinfer.neuron_ids.{il}"][1])
+        n_static = int(fields["selectinfer.static_counts"][1][list(fields["selectinfer.layers"][1]).index(il)])
+        assert n_static > 0 and n_static % block == 0
+        down, _ = before[f"blk.{il}.ffn_down.weight"]  # numpy [n_embd, n_ff]
+        static, static_type = after[f"blk.{il}.ffn_down_static.weight"]
+        rows, rows_type = after[f"blk.{il}.ffn_down_t.weight"]
+        assert static.shape == (256, n_static) and rows.shape == (len(ids) - n_static, 256)
+        assert static_type.name == weight_type and rows_type.name == ("F16" if weight_type == "BF16" else weight_type)
+        if block == 1:  # gathered values, exact (BF16 as F16 in the rows: down to F16's subnormals)
+            assert np.array_equal(static, down[:, ids[:n_static]])
+            assert np.abs(rows - down[:, ids[n_static:]].T).max() <= (1e-7 if weight_type == "BF16" else 0)
+        else:  # one re-quantization of the gathered values, by ggml's quantizer
+            for got, values in ((static, down[:, ids[:n_static]]), (rows, down[:, ids[n_static:]].T)):
+                q = _native.quantize_rows(int(static_type), np.ascontiguousarray(values, dtype=np.float32))
+                assert np.array_equal(got, dequantize(q, static_type).reshape(got.shape))
 
 
 def test_default_layer_rule():

@@ -65,7 +65,8 @@ def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, r
               n_threads: int = 0, profiling: bool = False, compute_ratios: list[float] | None = None,
               repack: tuple[bool, ...] = (True,)) -> list[BenchResult]:
     """Benchmarks each model side by side. profiling=True adds each model with profiling on;
-    compute_ratios runs each SelectInfer model densely over its loaded neurons and at each phi;
+    compute_ratios runs each SelectInfer model densely over its loaded neurons and at each phi
+    within its [delta, gamma];
     repack=(True, False) runs every configuration with and without ggml's weight repacking."""
     if n_prompt < 1 or n_gen < 1 or repeats < 1:
         raise ValueError("n_prompt, n_gen and repeats must be >= 1")
@@ -74,8 +75,10 @@ def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, r
         header = _native.read_gguf_header(str(p))  # once per file
         if "selectinfer.format_version" in header["kv"] and compute_ratios:
             configs.append((f"{Path(p).name} (dense over loaded)", p, {"dense": True}, _bytes_read(header)))
+            kv, eps = header["kv"], 1e-6
             configs += [(f"{Path(p).name} (phi {phi})", p, {"compute_ratio": phi}, _bytes_read(header, phi))
-                        for phi in compute_ratios]
+                        for phi in compute_ratios
+                        if kv["selectinfer.static_ratio"] - eps <= phi <= kv["selectinfer.load_ratio"] + eps]
         else:
             configs.append((Path(p).name, p, {}, _bytes_read(header)))
         if profiling:
