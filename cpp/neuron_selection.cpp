@@ -70,7 +70,6 @@ SelectionOverrides SelectionOverrides::from_environment() {
     return o;
 }
 
-
 namespace {
 
 thread_local const SelectionOverrides * t_caller_selection = nullptr;

@@ -148,13 +148,13 @@ void layer_rows(const llama_layer & layer, int64_t & n_static, int64_t & n_load)
 // gate and up [n_embd, n_static] with the static rows (every loaded row when n_static = 0), then
 // ffn_gate_dyn and ffn_up_dyn [n_embd, n_load - n_static]; ffn_down_static [n_static, n_embd] in
 // upstream's layout; ffn_down_t [n_embd, n_load - n_static], one row per dynamic neuron.
-void check_layer(const llama_layer & layer, int il, int64_t n_static, int64_t n_load, int64_t n_original) {
+void check_layer(const llama_layer & layer, int il, int64_t n_embd, int64_t n_static, int64_t n_load,
+                 int64_t n_original) {
     const std::string blk = "blk." + std::to_string(il) + ".";
     if (n_load < 1 || n_load > n_original) {
         refuse(blk + "ffn_down_static and ffn_down_t hold " + std::to_string(n_load) + " neurons, outside [1, " +
                kOriginalN + " = " + std::to_string(n_original) + "]");
     }
-    const int64_t n_embd = layer.ffn_gate ? layer.ffn_gate->ne[0] : 0;
     const int64_t n_gate = n_static > 0 ? n_static : n_load;
     using Part = std::tuple<const char *, const ggml_tensor *, int64_t, int64_t>;  // name, tensor, ne[0], ne[1]
     for (const auto & [name, t, ne0, ne1] : {Part{"ffn_gate", layer.ffn_gate, n_embd, n_gate},
@@ -254,7 +254,7 @@ std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model,
         }
         int64_t n_static, n_load;
         layer_rows(layer, n_static, n_load);
-        check_layer(layer, (int) il, n_static, n_load, info->n_original);
+        check_layer(layer, (int) il, model.hparams.n_embd, n_static, n_load, info->n_original);
         if (statics[i] != n_static || (static_count >= 0 && statics[i] != static_count)) {
             refuse(std::string(kStaticCounts) + " gives layer " + std::to_string(il) + " " + std::to_string(statics[i]) +
                    " static neurons (blk." + std::to_string(il) + ".ffn_down_static holds " + std::to_string(n_static) +

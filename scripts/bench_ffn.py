@@ -13,10 +13,10 @@ import statistics
 
 from selectinfer import _native
 from selectinfer.bench import computed_neurons
-from selectinfer.convert import neuron_count
+from selectinfer.convert import layer_counts
 from selectinfer.synthetic import SHAPES
 
-TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14, "BF16": 30}
+TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}
 SHAPES_AND_DEFAULT = {**{k: (v.n_embd, v.n_ff) for k, v in SHAPES.items()}, "smollm2-135m": (576, 1536)}
 
 
@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     n_embd, n_ff = SHAPES_AND_DEFAULT[args.shape]
-    n_load = neuron_count(args.load_ratio, n_ff)  # as the converter keeps them
-    n_static = neuron_count(args.static_ratio, n_ff)
+    # as the converter keeps them (static counts in whole blocks of the type)
+    n_load, n_static = layer_counts(n_ff, args.load_ratio, args.static_ratio, _native.block_size(TYPES[args.type]))
     print(f"{args.shape} FFN layer: n_embd {n_embd}, n_ff {n_ff}, {args.type}, gamma {args.load_ratio} "
           f"({n_load} loaded), delta {args.static_ratio} ({n_static} static), {args.threads} threads, "
           f"medians of {args.reps} interleaved runs, ms")
@@ -48,12 +48,11 @@ def main(argv: list[str] | None = None) -> None:
         print("\ndecode (1 token)   gate+up   down  = FFN    | SI FFN | SI/loaded  target  dense/SI")
         shown_dense = False
         for phi in args.compute_ratios:
-            n_select = computed_neurons(phi, n_ff, n_load)
+            n_select = max(n_static, computed_neurons(phi, n_ff, n_load))
             if n_select == n_load:  # the engine computes every loaded neuron with the dense graph
                 print(f"  phi {phi:<4}         = dense-over-loaded (every loaded neuron)")
                 continue
-            m = medians(TYPES[args.type], n_embd, n_ff, n_load, min(n_static, n_select), n_select, 1, args.threads,
-                        args.reps)
+            m = medians(TYPES[args.type], n_embd, n_ff, n_load, n_static, n_select, 1, args.threads, args.reps)
             dense = m["dense gate+up"] + m["dense down"]
             loaded = m["loaded gate+up"] + m["loaded down"]
             si = m["selected FFN"]  # the engine's decode graph: static block + dynamic rows
@@ -65,9 +64,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  phi {phi:<4}         {'':22} | {si:6.3f} | {si / loaded:9.3f} "
                   f"{1.15 * phi / args.load_ratio:7.3f} {dense / si:8.3f}")
     for n_tokens in [t for t in args.tokens if t > 1]:
-        n_select = computed_neurons(args.compute_ratios[0], n_ff, n_load)
-        m = medians(TYPES[args.type], n_embd, n_ff, n_load, min(n_static, n_select), n_select, n_tokens,
-                    args.threads, args.reps)
+        n_select = max(n_static, computed_neurons(args.compute_ratios[0], n_ff, n_load))
+        m = medians(TYPES[args.type], n_embd, n_ff, n_load, n_static, n_select, n_tokens, args.threads, args.reps)
         dense = m["dense gate+up"] + m["dense down"]
         loaded = m["loaded gate+up"] + m["loaded down"]
         print(f"\nprefill ({n_tokens} tokens) gate+up   down  selection = FFN  | vs dense")
