@@ -27,9 +27,7 @@ from selectinfer import Model
 path, use_mmap, n_gen, repack = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4] == "1"
 m = Model(path, n_ctx=256, use_mmap=use_mmap, repack=repack)
 after_load = m.stats()["rss_bytes"]
-m.engine.eval_prompt(m.tokenize("The history of the city begins with a small settlement on the river"), False)
-for _ in range(n_gen):
-    m.engine.eval_token(m.engine.sample())
+m.decode_tokens(m.tokenize("The history of the city begins with a small settlement on the river"), n_gen)
 s = m.stats()
 print(json.dumps({"after_load": after_load, "after_gen": s["rss_bytes"], "peak": s["peak_rss_bytes"],
                   "model_bytes": s["model_bytes"], "decode_tok_s": s["decode_tokens_per_s"]}))

@@ -33,17 +33,9 @@ def dump(args: argparse.Namespace) -> None:
         kwargs["dense"] = True
     followed = np.load(args.follow)["tokens"].tolist() if args.follow else None
     with Model(args.model, n_ctx=256, n_threads=args.threads, **kwargs) as m:
-        prompt = m.tokenize(args.prompt)
-        m._set_sampling(0, 0, 1.0, 0)
-        engine = m.engine
-        engine.eval_prompt(prompt, False)
-        selection = m.selected_neurons() if engine.selective else {}
-        tokens, logits = [], []
-        for i in range(args.n_predict if followed is None else len(followed)):
-            token = engine.sample() if followed is None else followed[i]
-            tokens.append(token)
-            engine.eval_token(token)
-            logits.append(engine.last_logits())
+        n = args.n_predict if followed is None else len(followed)
+        tokens, logits = m.decode_tokens(m.tokenize(args.prompt), n, follow=followed, logits=True)
+        selection = m.selected_neurons() if m.engine.selective else {}
     np.savez(args.output, tokens=np.array(tokens), logits=np.array(logits), info=_native.system_info(),
              **{f"layer{il}": ids for il, ids in selection.items()})
     print(f"{args.output}: {len(tokens)} steps, {len(selection)} SelectInfer layers")

@@ -19,25 +19,11 @@ def test_greedy_follows_reference_argmax(tiny_model):
     path = tiny_model("tiny-llama", "F32")
     with Model(path, n_ctx=128) as m:
         prompt = m.tokenize(PROMPT)
-        m.engine.set_sampling(_greedy())
-        m.engine.eval_prompt(prompt, False)
-        generated = []
-        for _ in range(16):
-            tok = m.engine.sample()
-            generated.append(tok)
-            m.engine.eval_token(tok)
+        generated, _ = m.decode_tokens(prompt, 16)
     logits = ReferenceModel.load(path).forward(prompt + generated)
     for i, tok in enumerate(generated):
         row = logits[len(prompt) - 1 + i]
         assert row[tok] >= row.max() - 1e-2 * np.abs(row).max(), f"step {i}: token {tok} is not the argmax"
-
-
-def _greedy():
-    from selectinfer import _native
-
-    p = _native.SamplingParams()
-    p.temperature = 0
-    return p
 
 
 def test_greedy_is_deterministic(tiny_model):
@@ -145,3 +131,18 @@ def test_close_is_deterministic(tiny_model):
     with pytest.raises(RuntimeError, match="closed"):
         m2.tokenize("x")
     gc.collect()
+
+
+def test_decode_tokens_follows_or_chooses(tiny_model):
+    """The prompt-then-decode loop: greedy steps, or a given sequence fed step by step (the same
+    logits as when the model chose those tokens itself)."""
+    path = tiny_model("tiny-llama", "F32")
+    with Model(path, n_ctx=128) as m:
+        prompt = m.tokenize(PROMPT)
+        chosen, logits = m.decode_tokens(prompt, 6, logits=True)
+        followed, again = m.decode_tokens(prompt, 6, follow=chosen, logits=True)
+        assert followed == chosen and logits.shape == (6, m.engine.n_vocab) and np.array_equal(logits, again)
+        assert [int(row.argmax()) for row in logits[:-1]] == chosen[1:]
+        assert m.decode_tokens(prompt, 0) == ([], None)
+        with pytest.raises(ValueError, match="follow has 2 tokens for 3 steps"):
+            m.decode_tokens(prompt, 3, follow=chosen[:2])

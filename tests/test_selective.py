@@ -42,16 +42,7 @@ def forward_with_masks(ref: ReferenceModel, tokens, n_prompt, masks, si_layers):
 
 def decode(m: Model, prompt, n):
     """Greedy: prompt, then n decode steps; returns the generated tokens and each step's logits."""
-    e = m.engine
-    m._set_sampling(0, 0, 1.0, 0)
-    e.eval_prompt(prompt, False)
-    tokens, logits = [], []
-    for _ in range(n):
-        t = e.sample()
-        e.eval_token(t)
-        tokens.append(t)
-        logits.append(e.last_logits())
-    return tokens, np.array(logits)
+    return m.decode_tokens(prompt, n, logits=True)
 
 
 PROMPTS = ["the capital of", "paris is a city", "in the north of the", "a city on the seine", "the end of the",

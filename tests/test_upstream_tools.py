@@ -97,16 +97,7 @@ def test_llama_server_generates_what_the_engine_generates(si_model, knobs, kwarg
         server.terminate()
         server.wait(timeout=30)
     with Model(si_model, n_ctx=256, n_threads=1, **kwargs) as m:
-        tokens = m.tokenize(PROMPT)
-        expected = []
-        m._set_sampling(0, 0, 1.0, 0)
-        m.engine.eval_prompt(tokens, False)
-        for _ in range(8):
-            t = m.engine.sample()
-            if m.engine.is_eog(t):
-                break
-            expected.append(t)
-            m.engine.eval_token(t)
+        expected, _ = m.decode_tokens(m.tokenize(PROMPT), 8, stop_at_eog=True)
     assert reply["tokens"] == expected
 
 

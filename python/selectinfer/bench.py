@@ -49,14 +49,11 @@ def _prompt_tokens(model: Model, n_prompt: int) -> list[int]:
 
 def _one_run(model: Model, prompt: list[int], n_gen: int) -> tuple[float, float]:
     """Prefill `prompt`, then exactly n_gen greedy decode steps (end-of-text is ignored)."""
-    engine = model.engine
-    engine.clear()
+    model.engine.clear()
     model.reset_stats()
-    if engine.profiling:
+    if model.engine.profiling:
         model.activation_sums(reset=True)
-    engine.eval_prompt(prompt, False)
-    for _ in range(n_gen):
-        engine.eval_token(engine.sample())
+    model.decode_tokens(prompt, n_gen)
     s = model.stats()
     return s["prefill_tokens_per_s"], s["decode_tokens_per_s"]
 
@@ -95,7 +92,6 @@ def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, r
                    for (label, p, _, read), m in zip(configs, models)]
         prompts = [_prompt_tokens(m, n_prompt) for m in models]
         for m, prompt in zip(models, prompts):  # warm-up: page in the weights, fill caches
-            m._set_sampling(0, 0, 1.0, 0)
             _one_run(m, prompt, 4)
         for _ in tqdm(range(repeats), desc="bench", unit="round", leave=False):
             for m, prompt, r in zip(models, prompts, results):

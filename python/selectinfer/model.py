@@ -223,7 +223,37 @@ class Model:
         pieces = self.stream(tokens, max_tokens, **kwargs)
         return pieces if stream else "".join(pieces)
 
-    def _set_sampling(self, temperature: float, top_k: int, top_p: float, seed: int) -> None:
+    def decode_tokens(self, prompt: Sequence[int], n: int, *, follow: Sequence[int] | None = None,
+                      stop_at_eog: bool = False, logits: bool = False) -> tuple[list[int], np.ndarray | None]:
+        """The prompt-then-decode loop of benchmarks and comparisons: evaluates `prompt` as a new
+        prompt (a SelectInfer model selects from it), then n greedy decode steps, each feeding the
+        greedy token (or the next one of `follow`, to compare two models on the same sequence).
+        Returns the tokens fed and, with logits=True, each step's logits [n, n_vocab]; stop_at_eog
+        ends at an end-of-text token (not fed, not returned)."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        if follow is not None and len(follow) < n:
+            raise ValueError(f"follow has {len(follow)} tokens for {n} steps")
+        engine = self.engine
+        self.set_sampling(temperature=0.0)
+        engine.eval_prompt(list(prompt), False)
+        tokens, steps = [], []
+        for i in range(n):
+            token = engine.sample() if follow is None else int(follow[i])
+            if stop_at_eog and engine.is_eog(token):
+                break
+            engine.eval_token(token)
+            tokens.append(token)
+            if logits:
+                steps.append(engine.last_logits())
+        return tokens, (np.asarray(steps, dtype=np.float32) if logits else None)
+
+    def set_sampling(self, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
+                     seed: int | None = None) -> None:
+        """Sampling for decode_tokens and low-level engine use (generate and stream take their own)."""
+        self._set_sampling(temperature, top_k, top_p, self.seed if seed is None else seed)
+
+    def _set_sampling(self, temperature: float, top_k: int, top_p: float, seed: int | None) -> None:
         params = _native.SamplingParams()
         params.temperature, params.top_k, params.top_p = float(temperature), int(top_k), float(top_p)
         params.seed = _native.RANDOM_SEED if seed is None or seed < 0 else int(seed) & 0xFFFFFFFF
