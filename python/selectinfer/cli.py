@@ -1,10 +1,11 @@
-"""`selectinfer` command: pull models and (in later steps) profile, convert, inspect, bench, eval.
+"""`selectinfer` command: pull, quantize, profile, convert, inspect, bench and run under a memory limit.
 
 Text generation itself is the `selectinfer-cli` binary (llama-cli flags).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import _native, registry
@@ -28,6 +29,25 @@ def _cmd_bench(args: argparse.Namespace) -> None:
     print(f"n_prompt {args.n_prompt}, n_gen {args.n_gen}, {args.repeats} interleaved rounds, "
           f"threads {args.threads or 'all'}")
     print(format_table(results))
+
+
+def _cmd_limit(args: argparse.Namespace) -> int:
+    from .convert import parse_size
+    from .memlimit import run_limited
+
+    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not cmd:
+        raise ValueError("give the command to run after --, e.g. selectinfer limit 5.6G -- selectinfer-cli -m M.gguf")
+    # the files the command names (the model) start outside the page cache, as on a device
+    files = [a for a in cmd[1:] if os.path.isfile(a)]
+    r = run_limited(cmd, parse_size(args.memory), evict=files)
+    sys.stdout.write(r.stdout)
+    sys.stderr.write(r.stderr)
+    peak = f"peak {r.peak_bytes / 2**30:.2f} GiB" if r.peak_bytes is not None else "peak not reported"
+    killed = " (killed: more memory than the limit that cannot be paged out)" if r.returncode == -9 else ""
+    print(f"selectinfer limit: {peak} of {r.limit_bytes / 2**30:.2f} GiB, {r.wall_s:.1f} s, "
+          f"exit {r.returncode}{killed}", file=sys.stderr)
+    return 128 - r.returncode if r.returncode < 0 else r.returncode  # a signal as a shell reports it
 
 
 def _cmd_profile(args: argparse.Namespace) -> None:
@@ -130,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ggml's weight repacking (AMX, CPU_REPACK): on, off, or every model both ways")
     p.set_defaults(func=_cmd_bench)
 
+    p = sub.add_parser("limit", help="run a command under a memory limit (cgroup), as on a smaller device: "
+                                     "a model larger than the limit runs from disk (offloading)")
+    p.add_argument("memory", help="the limit, e.g. 5.6G or 512M (binary units; page cache included)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- and the command, e.g. -- selectinfer-cli -m M.gguf")
+    p.set_defaults(func=_cmd_limit)
+
     p = sub.add_parser("profile", help="score every FFN neuron of a GGUF model on task datasets (step 1)")
     p.add_argument("model", help="GGUF model, or a Hugging Face checkpoint folder (profiled with transformers)")
     p.add_argument("-o", "--output", required=True, help="profile file to write (.safetensors)")
@@ -186,11 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        code = args.func(args)
     except (OSError, ValueError, RuntimeError) as e:
         print(f"selectinfer: error: {e}", file=sys.stderr)
         return 1
-    return 0
+    return code or 0
 
 
 if __name__ == "__main__":
