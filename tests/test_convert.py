@@ -328,3 +328,21 @@ def test_truncated_si_file_is_refused(models, tmp_path):
     cut.write_bytes(out.read_bytes()[: out.stat().st_size // 2])
     with pytest.raises(ModelLoadError, match="not within the file bounds"):
         Model(cut)
+
+
+def test_the_static_block_takes_the_originals_kernels(default_model, tmp_path):
+    """ggml repacks a SelectInfer layer's static block (gate, up, ffn_down_static) wherever it
+    repacks the original's FFN (AMX, CPU_REPACK; plain buffers on a CPU without them), and keeps the
+    gathered rows in plain buffers: the static neurons run on the original's kernels."""
+    out = tmp_path / "si70.gguf"
+    convert(default_model, out, ranking="random", load_ratio=0.7, static_ratio=0.3, progress=False)
+    with Model(default_model, n_ctx=64) as m:
+        original = m.weight_placement()
+    with Model(out, n_ctx=64) as m:
+        placed = m.weight_placement()
+    for il in (4, 15, 26):
+        for kind in ("ffn_gate", "ffn_up"):
+            assert placed[f"blk.{il}.{kind}.weight"][1] == original[f"blk.{il}.{kind}.weight"][1], (il, kind)
+            assert placed[f"blk.{il}.{kind}_dyn.weight"][1] == "CPU_Mapped"
+        assert placed[f"blk.{il}.ffn_down_static.weight"][1] == original[f"blk.{il}.ffn_down.weight"][1]
+        assert placed[f"blk.{il}.ffn_down_t.weight"][1] == "CPU_Mapped"
