@@ -240,9 +240,28 @@ inline void prefetch_row_start(const char * row, size_t row_size) {
     for (size_t off = 0; off < std::min<size_t>(row_size, 1024); off += 64) __builtin_prefetch(row + off);
 }
 
+// Blocks [b0, b0 + n_blocks) of 32 values of a row as floats, converted in registers (ggml's
+// to_float is scalar code for most quantized types).
+template <ggml_type T> struct BlocksToFloat {
+    static void run(const char * row, int64_t b0, int64_t n_blocks, float * out) {
+        for (int64_t b = 0; b < n_blocks; ++b) {
+            const f32x16 lo = block_half<T>(row, b0 + b, 0), hi = block_half<T>(row, b0 + b, 1);
+            std::memcpy(out + 32 * b, &lo, sizeof lo);
+            std::memcpy(out + 32 * b + 16, &hi, sizeof hi);
+        }
+    }
+};
+
 // Weight rows r[0..n) of w, columns [c0, c0 + width) (whole blocks), as F32 rows of `stride` floats.
 void rows_to_float(const ggml_tensor * w, const RowIds & row_of, int64_t j0, int64_t n, int64_t c0, int64_t width,
                    float * out, int64_t stride) {
+    if (w->type != GGML_TYPE_F32 && has_block_loop(w->type) && c0 % 32 == 0 && width % 32 == 0) {
+        for (int64_t j = 0; j < n; ++j) {
+            with_block_type<BlocksToFloat>(w->type, (const char *) w->data + row_of(j0 + j) * w->nb[1], c0 / 32,
+                                           width / 32, out + j * stride);
+        }
+        return;
+    }
     const size_t offset = ggml_row_size(w->type, c0);
     const auto to_float = ggml_get_type_traits(w->type)->to_float;
     for (int64_t j = 0; j < n; ++j) {
