@@ -105,7 +105,7 @@ def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, r
 
 
 def bytes_read_per_token(path, compute_ratio: float | None = None) -> int:
-    """Weight bytes one decode step reads, the yardstick of a memory-bound decode (design.md §4):
+    """Weight bytes one decode step reads, the yardstick of a memory-bound decode:
     every matrix once, the token embedding only where it is also the output projection (tied);
     in a SelectInfer layer at compute ratio phi only the FFN rows computed (phi N of n_load)."""
     return _bytes_read(_native.read_gguf_header(str(path)), compute_ratio)
