@@ -3,11 +3,12 @@
 //               registers; otherwise ggml's own vec_dot for the weight type, row by row (the
 //               activation converted once to the type's vec_dot_type), like upstream's mul_mat.
 //   mul_rows_t  one token: adds rows eight at a time with per-type loops that convert in
-//               registers (GCC vector extensions; F16 through F16C), other types row by row;
+//               registers (block_loops.h), other types row by row;
 //               several tokens: a blocked GEMM over F32 panels of the weight.
 //   count       a prompt batch's votes: threads rank tokens in turn, then merge the counts by rows.
 //   select      the most counted neurons (one thread: a partial sort of n_load counts).
 #include "sparse_ffn_ops.h"
+#include "block_loops.h"
 
 #include "ggml-cpu-impl.h"
 #include "ggml-cpu.h"
@@ -62,168 +63,7 @@ void column_range(const ggml_tensor * t, int ith, int nth, int64_t & c0, int64_t
 }
 
 // --- one token: y += sum over a group of rows of v[k] * row k ------------------------------------
-// Rows are added GROUP at a time, block by block, converting in registers: eight weight streams
-// keep the memory bus busy where one row at a time (convert, then add) reaches half the bandwidth.
-constexpr int GROUP = 8;
-
-// The loops work in vectors of the CPU's own width: GCC lowers a wider generic vector on AVX2 to
-// stack spills and per-lane extracts (measured 3-10x slower). 16 floats with AVX-512, 8 on other
-// x86, 16 elsewhere (NEON keeps them in four registers).
-#if defined(__AVX512F__) || !(defined(__x86_64__) || defined(__i386__))
-#define SI_LANES 16
-#else
-#define SI_LANES 8
-#endif
-constexpr int LANES = SI_LANES;
-constexpr int PARTS = 32 / LANES;  // vectors per 32-value block
-typedef float    f32v __attribute__((vector_size(4 * LANES)));
-typedef int32_t  i32v __attribute__((vector_size(4 * LANES)));
-typedef uint32_t u32v __attribute__((vector_size(4 * LANES)));
-typedef uint8_t  u8x16 __attribute__((vector_size(16)));
-typedef uint16_t u16v __attribute__((vector_size(2 * LANES)));
-
-template <typename V, typename S> inline V load_as(const S * p) { V v; std::memcpy(&v, p, sizeof v); return v; }
-inline f32v splat(float x) { return f32v{} + x; }
-inline u8x16 splat_u8(uint8_t x) {  // a run-time byte in every lane (GCC refuses `vector + int` here)
-    u8x16 v;
-    std::memset(&v, x, sizeof v);
-    return v;
-}
-// integers to floats through 32-bit lanes: GCC scalarizes a direct 8-bit to float conversion
-template <typename V> inline f32v to_f32(V q) { return __builtin_convertvector(__builtin_convertvector(q, i32v), f32v); }
-inline float fp16(const uint8_t * p) { ggml_fp16_t d; std::memcpy(&d, p, 2); return GGML_CPU_FP16_TO_FP32(d); }
-
-// LANES F16 values as floats, with the CPU's conversion instructions: F16C on x86, FCVTL on
-// ARM (every ARMv8 has it); elsewhere ggml's own conversion, one value at a time.
-inline f32v f16_lanes(const void * p) {
-#if defined(__F16C__) && SI_LANES == 16
-    return (f32v) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) p));
-#elif defined(__F16C__) && SI_LANES == 8
-    return (f32v) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) p));
-#elif defined(__aarch64__) && SI_LANES == 16
-    const float16x8_t lo = vld1q_f16((const float16_t *) p), hi = vld1q_f16((const float16_t *) p + 8);
-    float f[16];
-    vst1q_f32(f, vcvt_f32_f16(vget_low_f16(lo)));
-    vst1q_f32(f + 4, vcvt_high_f32_f16(lo));
-    vst1q_f32(f + 8, vcvt_f32_f16(vget_low_f16(hi)));
-    vst1q_f32(f + 12, vcvt_high_f32_f16(hi));
-    return load_as<f32v>(f);
-#else
-    float f[LANES];
-    for (int i = 0; i < LANES; ++i) f[i] = fp16((const uint8_t *) p + 2 * i);
-    return load_as<f32v>(f);
-#endif
-}
-
-// K-quants: a super-block of 256 values is eight 32-value blocks with 6-bit scales and mins
-// packed in 12 bytes (Q4_K, Q5_K): block j's scale and min.
-inline void k_scale_min(const uint8_t * scales, int j, float & scale, float & min) {
-    if (j < 4) {
-        scale = scales[j] & 63;
-        min = scales[j + 4] & 63;
-    } else {
-        scale = (scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4);
-        min = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
-    }
-}
-
-// Sixteen bytes as floats (16 / LANES vectors). Byte arithmetic stays in 16-byte vectors: GCC
-// scalarizes shifts of an 8-byte vector on x86.
-inline void bytes_to_f32(u8x16 q, f32v * out) {
-#if SI_LANES == 16
-    out[0] = to_f32(q);
-#elif defined(__AVX2__)  // GCC scalarizes the generic form's upper half
-    out[0] = (f32v) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32((__m128i) q));
-    out[1] = (f32v) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64((__m128i) q, (__m128i) q)));
-#else
-    out[0] = to_f32(__builtin_shufflevector(q, q, 0, 1, 2, 3, 4, 5, 6, 7));
-    out[1] = to_f32(__builtin_shufflevector(q, q, 8, 9, 10, 11, 12, 13, 14, 15));
-#endif
-}
-constexpr int HALF = 16 / LANES;  // vectors per 16 values
-
-// out[p] = scale * out[p] + offset for the n vectors of out
-inline void scale_parts(f32v * out, int n, float scale, float offset) {
-    for (int p = 0; p < n; ++p) out[p] = splat(scale) * out[p] + offset;
-}
-
-// The 32 values of block b of a row as floats: values LANES*p .. LANES*p + LANES-1 in out[p].
-template <ggml_type T>
-inline void block_values(const char * row, int64_t b, f32v * out) {
-    if constexpr (T == GGML_TYPE_F32) {
-        for (int p = 0; p < PARTS; ++p) out[p] = load_as<f32v>((const float *) row + 32 * b + LANES * p);
-    } else if constexpr (T == GGML_TYPE_F16) {
-        for (int p = 0; p < PARTS; ++p) out[p] = f16_lanes((const ggml_fp16_t *) row + 32 * b + LANES * p);
-    } else if constexpr (T == GGML_TYPE_BF16) {  // bf16 is the top half of an f32
-        for (int p = 0; p < PARTS; ++p) {
-            const u16v r = load_as<u16v>((const uint16_t *) row + 32 * b + LANES * p);
-            out[p] = (f32v) (__builtin_convertvector(r, u32v) << 16);
-        }
-    } else if constexpr (T == GGML_TYPE_Q8_0) {  // d, 32 x int8
-        // as unsigned bytes offset by 128: GCC scalarizes the signed 8-bit widening here
-        const uint8_t * blk = (const uint8_t *) row + 34 * b;
-        bytes_to_f32(load_as<u8x16>(blk + 2) ^ 0x80, out);
-        bytes_to_f32(load_as<u8x16>(blk + 18) ^ 0x80, out + HALF);
-        scale_parts(out, PARTS, fp16(blk), -128.0f * fp16(blk));
-    } else if constexpr (T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1) {
-        // Q4_0: d, 16 bytes; Q4_1: d, m, 16 bytes. Low nibbles are values 0..15, high 16..31.
-        constexpr bool with_min = T == GGML_TYPE_Q4_1;
-        const uint8_t * blk = (const uint8_t *) row + (with_min ? 20 : 18) * b;
-        const u8x16 q = load_as<u8x16>(blk + (with_min ? 4 : 2));
-        bytes_to_f32(q & 0x0F, out);
-        bytes_to_f32(q >> 4, out + HALF);
-        const float d = fp16(blk);
-        scale_parts(out, PARTS, d, with_min ? fp16(blk + 2) : -8.0f * d);
-    } else if constexpr (T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K) {
-        // d, dmin, scales[12], (Q5_K: qh[32], a fifth bit per value), qs[128]: blocks 2i and 2i+1
-        // share qs[32i..32i+31], low nibbles then high; value = d * scale * q - dmin * min
-        constexpr bool five = T == GGML_TYPE_Q5_K;
-        const uint8_t * sb = (const uint8_t *) row + (five ? 176 : 144) * (b / 8);
-        const int j = (int) (b % 8);
-        float scale, min;
-        k_scale_min(sb + 4, j, scale, min);
-        for (int h = 0; h < 2; ++h) {
-            const u8x16 packed = load_as<u8x16>(sb + (five ? 48 : 16) + 32 * (j / 2) + 16 * h);
-            u8x16 q = j % 2 ? packed >> 4 : packed & 0x0F;
-            if constexpr (five) {  // bit j of qh: a vector compare (x86 has no per-byte shift by a variable)
-                const u8x16 qh = load_as<u8x16>(sb + 16 + 16 * h);
-                q |= (u8x16) ((qh & splat_u8((uint8_t) (1u << j))) != 0) & 16;
-            }
-            bytes_to_f32(q, out + HALF * h);
-        }
-        scale_parts(out, PARTS, fp16(sb) * scale, -fp16(sb + 2) * min);
-    } else if constexpr (T == GGML_TYPE_Q6_K) {
-        // ql[128] (low 4 bits), qh[64] (high 2 bits), int8 scales[16] (one per 16 values), d; each
-        // 128-value half n: block r of it takes ql[64n + 32(r%2) + l] (r < 2: low nibble) and bits
-        // 2r of qh[32n + l]; value = d * scale * (q - 32)
-        const uint8_t * sb = (const uint8_t *) row + 210 * (b / 8);
-        const int j = (int) (b % 8), n = j / 4, r = j % 4;
-        const float d = fp16(sb + 208);
-        for (int h = 0; h < 2; ++h) {
-            const u8x16 ql = load_as<u8x16>(sb + 64 * n + 32 * (r % 2) + 16 * h);
-            const u8x16 qh = load_as<u8x16>(sb + 128 + 32 * n + 16 * h);
-            // bits 2r, 2r+1 of qh to bits 4, 5, with constant shifts (no per-byte variable shift on x86)
-            const u8x16 hi = r == 0 ? (qh & 0x03) << 4 : r == 1 ? (qh & 0x0C) << 2 : r == 2 ? qh & 0x30 : (qh & 0xC0) >> 2;
-            bytes_to_f32((r < 2 ? ql & 0x0F : ql >> 4) | hi, out + HALF * h);
-            const float scale = d * (float) (int8_t) sb[192 + 8 * n + h + 2 * r];
-            scale_parts(out + HALF * h, HALF, scale, -32.0f * scale);
-        }
-    }
-}
-
-template <ggml_type T> struct AddRows {
-    static void run(const char * const * rows, const float * v, int nr, int64_t E, float * y) {
-        for (int64_t b = 0; b < E / 32; ++b) {
-            f32v acc[PARTS], vals[PARTS];
-            for (int p = 0; p < PARTS; ++p) acc[p] = load_as<f32v>(y + 32 * b + LANES * p);
-            for (int k = 0; k < nr; ++k) {
-                block_values<T>(rows[k], b, vals);
-                for (int p = 0; p < PARTS; ++p) acc[p] += v[k] * vals[p];
-            }
-            for (int p = 0; p < PARTS; ++p) std::memcpy(y + 32 * b + LANES * p, &acc[p], sizeof acc[p]);
-        }
-    }
-};
+using namespace si_blocks;
 
 // block_values has a loop for each of GGML_SI_FUSED_TYPES (sparse_ffn_ops.h), on every CPU.
 bool has_block_loop(ggml_type type) {
@@ -248,44 +88,11 @@ bool add_rows_fused(ggml_type type, const char * const * rows, const float * v, 
     return true;
 }
 
-// out[k] = rows[k][0..K) . x[0..K) for nr <= GROUP rows, GROUP weight streams at a time (as
-// add_rows: one row at a time reaches 2/3 of the bandwidth once the weights are not in cache).
-template <ggml_type T> struct DotRows {
-    static void run(const char * const * rows, int nr, const float * x, int64_t K, float * out) {
-        f32v acc[GROUP] = {};
-        for (int64_t b = 0; b < K / 32; ++b) {
-            f32v xs[PARTS], vals[PARTS];
-            for (int p = 0; p < PARTS; ++p) xs[p] = load_as<f32v>(x + 32 * b + LANES * p);
-            for (int k = 0; k < nr; ++k) {
-                block_values<T>(rows[k], b, vals);
-                for (int p = 0; p < PARTS; ++p) acc[k] += vals[p] * xs[p];
-            }
-        }
-        for (int k = 0; k < nr; ++k) {
-            float sum = 0.0f;
-            for (int i = 0; i < LANES; ++i) sum += acc[k][i];
-            out[k] = sum;
-        }
-    }
-};
-
 // The first cache lines of a row read next: a jump to a non-adjacent row otherwise starts with
 // demand misses until the hardware prefetcher catches up.
 inline void prefetch_row_start(const char * row, size_t row_size) {
     for (size_t off = 0; off < std::min<size_t>(row_size, 1024); off += 64) __builtin_prefetch(row + off);
 }
-
-// Blocks [b0, b0 + n_blocks) of 32 values of a row as floats, converted in registers (ggml's
-// to_float is scalar code for most quantized types).
-template <ggml_type T> struct BlocksToFloat {
-    static void run(const char * row, int64_t b0, int64_t n_blocks, float * out) {
-        for (int64_t b = 0; b < n_blocks; ++b) {
-            f32v vals[PARTS];
-            block_values<T>(row, b0 + b, vals);
-            std::memcpy(out + 32 * b, vals, sizeof vals);
-        }
-    }
-};
 
 // Weight rows r[0..n) of w, columns [c0, c0 + width) (whole blocks), as F32 rows of `stride` floats.
 void rows_to_float(const ggml_tensor * w, const RowIds & row_of, int64_t j0, int64_t n, int64_t c0, int64_t width,

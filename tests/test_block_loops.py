@@ -1,0 +1,122 @@
+"""The fused block loops (cpp/block_loops.h) built for every x86 level this CPU can run, not only
+the one the engine was built for: SSE2, SSE4.2, AVX, AVX2 and AVX-512 each compile different code
+(vector width, F16C, byte widening), and a CPU only ever runs one of them. Each build decodes
+random rows of every fused type, adds them and dots them; numpy (gguf-py's dequantization) is
+the reference."""
+import importlib.util
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import dequantize
+
+from selectinfer import _native
+
+REPO = Path(__file__).resolve().parents[1]
+TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]  # GGML_SI_FUSED_TYPES
+# (name, compiler flags, the /proc/cpuinfo flags a CPU needs to run it): ggml's x86 variants' levels
+LEVELS = [
+    ("x86-64", [], []),
+    ("sse4.2", ["-msse4.2"], ["sse4_2"]),
+    ("avx", ["-mavx"], ["avx"]),
+    ("avx2", ["-mavx2", "-mfma", "-mf16c"], ["avx2", "fma", "f16c"]),
+    ("avx512", ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"],
+     ["avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"]),
+]
+
+
+def cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def ggml_include() -> Path:
+    """ggml.h of the pinned, patched llama.cpp tree (the build's cache; made on first use)."""
+    spec = importlib.util.spec_from_file_location("llama_cpp_source", REPO / "cmake" / "llama_cpp_source.py")
+    src = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(src)
+    return src.patched_tree(REPO / "ggml-patches") / "ggml" / "include"
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """{level: program} for every level this CPU runs."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip(f"x86 levels only; this machine is {platform.machine()}")
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if not compiler:
+        pytest.skip("no C++ compiler on the PATH")
+    include, flags, out = ggml_include(), cpu_flags(), tmp_path_factory.mktemp("block_loops")
+    programs = {}
+    for name, cflags, needs in LEVELS:
+        if not set(needs) <= flags:
+            continue
+        program = out / name
+        subprocess.run([compiler, "-O2", "-std=gnu++17", "-w", *cflags, "-I", str(REPO / "cpp"), "-I", str(include),
+                        str(REPO / "tests" / "native" / "block_loops_check.cpp"), "-o", str(program)], check=True)
+        programs[name] = program
+    return programs
+
+
+def run_level(program, type_name, raw, n_rows, n_cols, v, x):
+    row_bytes = len(raw) // n_rows
+    data = raw + v.astype(np.float32).tobytes() + x.astype(np.float32).tobytes()
+    result = subprocess.run([str(program), str(int(T[type_name])), str(n_rows), str(n_cols), str(row_bytes)],
+                            input=data, capture_output=True, check=True)
+    out = np.frombuffer(result.stdout, dtype=np.float32)
+    assert len(out) == n_rows * n_cols + n_cols + n_rows
+    return out[:n_rows * n_cols].reshape(n_rows, n_cols), out[n_rows * n_cols:-n_rows], out[-n_rows:]
+
+
+def random_rows(type_name, n_rows, n_cols, rng):
+    """Rows stored as type_name (ggml's quantizer) and the values they hold (gguf-py)."""
+    values = rng.standard_normal((n_rows, n_cols)).astype(np.float32)
+    qtype = T[type_name]
+    if qtype == T.F32:
+        raw = values
+    elif qtype == T.F16:
+        raw = values.astype(np.float16)
+    else:
+        raw = _native.quantize_rows(int(qtype), values)
+    stored = values if qtype == T.F32 else np.asarray(dequantize(raw, qtype), dtype=np.float32)
+    return raw.tobytes(), stored.reshape(n_rows, n_cols).astype(np.float64)
+
+
+def test_every_level_this_cpu_runs_is_checked(builds):
+    # x86-64 and SSE4.2 run everywhere the engine does; AVX2 on every CPU it is tuned for
+    assert {"x86-64", "sse4.2"} <= set(builds)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_block_loops_at_every_level(builds, type_name):
+    rng = np.random.default_rng(7)
+    block = GGML_QUANT_SIZES[T[type_name]][0]
+    n_rows, n_cols = 11, 2 * max(block, 32) + (0 if block > 32 else 64)  # a partial group of rows
+    raw, stored = random_rows(type_name, n_rows, n_cols, rng)
+    v, x = rng.standard_normal(n_rows), rng.standard_normal(n_cols)
+    expected_sum = x + v @ stored
+    expected_dots = stored @ x
+    for level, program in builds.items():
+        values, y, dots = run_level(program, type_name, raw, n_rows, n_cols, v, x)
+        np.testing.assert_allclose(values, stored, rtol=1e-6, atol=1e-6, err_msg=f"{level}: decoded values")
+        np.testing.assert_allclose(y, expected_sum, rtol=1e-4, atol=1e-4 * np.abs(expected_sum).max(),
+                                   err_msg=f"{level}: rows added")
+        np.testing.assert_allclose(dots, expected_dots, rtol=1e-4, atol=1e-4 * np.abs(expected_dots).max(),
+                                   err_msg=f"{level}: rows dotted")
+
+
+def test_f16_edge_values_at_every_level(builds):
+    # levels without F16C convert from the bits: zeros, subnormals, the largest half, inf, NaN
+    specials = np.array([0.0, -0.0, 2.0**-24, -(2.0**-24), 3 * 2.0**-20, 6.1e-5, 65504.0, -65504.0,
+                         np.inf, -np.inf, np.nan, 1.0, -2.5, 0.333], dtype=np.float16)
+    row = np.resize(specials, 64)
+    for level, program in builds.items():
+        values, _, _ = run_level(program, "F16", row.tobytes(), 1, 64, np.ones(1), np.zeros(64))
+        np.testing.assert_array_equal(values[0], row.astype(np.float32), err_msg=level)
