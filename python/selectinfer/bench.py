@@ -58,6 +58,14 @@ def _one_run(model: Model, prompt: list[int], n_gen: int) -> tuple[float, float]
     return s["prefill_tokens_per_s"], s["decode_tokens_per_s"]
 
 
+@dataclass
+class BenchConfig:
+    label: str
+    path: str
+    model_kwargs: dict
+    read_bytes: int  # weight bytes a decode step reads (bytes_read_per_token)
+
+
 def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, repeats: int = 5,
               n_threads: int = 0, profiling: bool = False, compute_ratios: list[float] | None = None,
               repack: tuple[bool, ...] = (True,)) -> list[BenchResult]:
@@ -65,31 +73,38 @@ def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, r
     compute_ratios runs each SelectInfer model densely over its loaded neurons and at each phi
     within its [delta, gamma];
     repack=(True, False) runs every configuration with and without ggml's weight repacking."""
-    if n_prompt < 1 or n_gen < 1 or repeats < 1:
-        raise ValueError("n_prompt, n_gen and repeats must be >= 1")
-    configs = []  # (label, path, Model keyword arguments, weight bytes a decode step reads)
+    configs = []
     for p in paths:
         header = _native.read_gguf_header(str(p))  # once per file
         if "selectinfer.format_version" in header["kv"] and compute_ratios:
-            configs.append((f"{Path(p).name} (dense over loaded)", p, {"dense": True}, _bytes_read(header)))
+            configs.append(BenchConfig(f"{Path(p).name} (dense over loaded)", p, {"dense": True}, _bytes_read(header)))
             kv, eps = header["kv"], 1e-6
-            configs += [(f"{Path(p).name} (phi {phi})", p, {"compute_ratio": phi}, _bytes_read(header, phi))
+            configs += [BenchConfig(f"{Path(p).name} (phi {phi})", p, {"compute_ratio": phi}, _bytes_read(header, phi))
                         for phi in compute_ratios
                         if kv["selectinfer.static_ratio"] - eps <= phi <= kv["selectinfer.load_ratio"] + eps]
         else:
-            configs.append((Path(p).name, p, {}, _bytes_read(header)))
+            configs.append(BenchConfig(Path(p).name, p, {}, _bytes_read(header)))
         if profiling:
-            configs.append((f"{Path(p).name} (profiling)", p, {"profile": True}, _bytes_read(header)))
+            configs.append(BenchConfig(f"{Path(p).name} (profiling)", p, {"profile": True}, _bytes_read(header)))
     if tuple(repack) != (True,):
-        configs = [(label + ("" if r else " (no repack)"), p, {**kwargs, "repack": r}, read)
-                   for label, p, kwargs, read in configs for r in repack]
+        configs = [BenchConfig(c.label + ("" if r else " (no repack)"), c.path, {**c.model_kwargs, "repack": r},
+                               c.read_bytes) for c in configs for r in repack]
+    return run_configs(configs, n_prompt=n_prompt, n_gen=n_gen, repeats=repeats, n_threads=n_threads)
+
+
+def run_configs(configs: list[BenchConfig], *, n_prompt: int = 64, n_gen: int = 64, repeats: int = 5,
+                n_threads: int = 0) -> list[BenchResult]:
+    """Every configuration loaded side by side, then `repeats` interleaved rounds of one prompt of
+    n_prompt tokens and n_gen decode steps each (after a warm-up run)."""
+    if n_prompt < 1 or n_gen < 1 or repeats < 1:
+        raise ValueError("n_prompt, n_gen and repeats must be >= 1")
     models = []
     try:
-        for _, p, kwargs, _ in configs:
-            models.append(Model(p, n_ctx=n_prompt + n_gen + 8, n_batch=max(n_prompt, 32), n_threads=n_threads,
-                                **kwargs))
-        results = [BenchResult(str(p), label, m.stats()["model_bytes"], read)
-                   for (label, p, _, read), m in zip(configs, models)]
+        for c in configs:
+            models.append(Model(c.path, n_ctx=n_prompt + n_gen + 8, n_batch=max(n_prompt, 32), n_threads=n_threads,
+                                **c.model_kwargs))
+        results = [BenchResult(str(c.path), c.label, m.stats()["model_bytes"], c.read_bytes)
+                   for c, m in zip(configs, models)]
         prompts = [_prompt_tokens(m, n_prompt) for m in models]
         for m, prompt in zip(models, prompts):  # warm-up: page in the weights, fill caches
             _one_run(m, prompt, 4)

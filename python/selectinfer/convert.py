@@ -352,8 +352,10 @@ _DIGEST_PLACEHOLDER = "pending-sha256-".ljust(64, "x")  # same length as a hex s
 def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile: str | os.PathLike | None = None,
             task: str | None = None, load_ratio: float | None = 0.7, static_ratio: float = 0.3,
             layers: str | None = None, ranking: str = "profile", seed: int = 0, memory_budget: str | None = None,
-            progress: bool = True) -> ConvertResult:
-    """Writes the SelectInfer GGUF `output` from the dense GGUF `model_path` (see module docs)."""
+            progress: bool = True, check_profile_source: bool = True) -> ConvertResult:
+    """Writes the SelectInfer GGUF `output` from the dense GGUF `model_path` (see module docs).
+    check_profile_source=False accepts a profile made on another file of the same shape (the same
+    model in another weight type: the evaluation's quantized SelectInfer files)."""
     model_path, output = Path(model_path), Path(output)
     if not model_path.is_file():
         raise FileNotFoundError(f"model file not found: {model_path}")
@@ -422,7 +424,7 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
                 f.write(memoryview(np.ascontiguousarray(data)).cast("B"))
                 bar.update(data.nbytes)
             digest = source_digest.result()
-            if prof is not None:
+            if prof is not None and check_profile_source:
                 prof.check_model(digest, n_layer, n_ff)
             f.seek(0)
             meta = f.read(header["data_offset"])

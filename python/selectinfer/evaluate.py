@@ -1,0 +1,348 @@
+"""selectinfer eval: a grid of configurations x tasks from one source model, with memory, speed and
+accuracy in one run, written as results.json, results.md and PNG plots.
+
+Configurations (all made from the source model, cached in OUT/models/):
+  original           the model as given;
+  quantized          its weights in other types (F16, Q8_0, Q4_0, Q4_K_M) with the tree's quantizer;
+  selectinfer        SelectInfer files at each gamma (profile ranking), every loaded neuron computed
+                     (loaded-only) and at each phi in [delta, gamma], by value and by magnitude;
+                     also built from the quantized files (--si-quants);
+  coreinfer          gamma 1, delta 0 (every neuron loaded, the whole choice per prompt) at each phi;
+  random             random loading at the middle gamma, loaded-only and at the middle phi.
+
+Each configuration's tasks run in a child process of its own (its peak RSS is the configuration's);
+speed is measured afterwards with every configuration loaded side by side, in interleaved rounds
+(medians), as `selectinfer bench` does. Accuracy comes with n and a bootstrap 95% interval, and a
+paired difference against the original model on the same examples (metrics.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import _native, metrics
+from .tasks import format_prompt, load_dataset, sample_examples
+
+# task -> (built-in data set, tokens generated per example; None: scored, not generated)
+TASKS = {
+    "qa": ("capitals-qa", 16),
+    "translation": ("de-en", 48),
+    "summarization": ("botchan-summ", 64),
+    "text": ("botchan", None),
+}
+QUANT_TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K_M")
+
+
+@dataclass
+class Config:
+    label: str
+    family: str  # original, quantized, selectinfer, coreinfer, random
+    path: str
+    model_kwargs: dict = field(default_factory=dict)
+    weight_type: str = ""
+    gamma: float | None = None
+    phi: float | None = None  # None: every loaded neuron
+    select_by: str | None = None
+
+
+# --- configurations ------------------------------------------------------------------------------
+def file_type_name(path: str | os.PathLike) -> str:
+    """The weight type a GGUF declares (general.file_type), e.g. Q4_1, Q4_K_M, F16."""
+    from gguf import LlamaFileType
+
+    kv = _native.read_gguf_header(str(path))["kv"]
+    try:
+        return LlamaFileType(int(kv["general.file_type"])).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except (KeyError, ValueError):
+        return "?"
+
+
+def _made(path: Path, make, inputs: list[Path]) -> Path:
+    """path, made by make(path) unless a previous run made it after its inputs changed last (the
+    writers are atomic: a file that exists is whole)."""
+    if not path.exists() or any(p.stat().st_mtime > path.stat().st_mtime for p in inputs):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        make(path)
+    return path
+
+
+def _phis_within(phis, gamma: float, delta: float) -> list[float]:
+    return [phi for phi in phis if delta - 1e-6 <= phi <= gamma + 1e-6 and abs(phi - gamma) > 1e-6]
+
+
+def selectinfer_configs(path: Path, family: str, gamma: float, delta: float, phis, select_by, weight_type: str,
+                        loaded_only: bool = True) -> list[Config]:
+    name = path.stem
+    out = [Config(f"{name} loaded-only", family, str(path), {"dense": True}, weight_type, gamma)] if loaded_only else []
+    extra = {"coreinfer": True} if family == "coreinfer" else {}
+    for phi in _phis_within(phis, gamma, delta):
+        for by in select_by:
+            out.append(Config(f"{name} phi {phi} {by}", family, str(path),
+                              {"compute_ratio": phi, "select_by": by, **extra}, weight_type, gamma, phi, by))
+    return out
+
+
+def build_configs(source: Path, out_dir: Path, *, profile: Path | None, task: str, gammas, phis, select_by,
+                  quants, si_quants, delta: float = 0.3, baselines: bool = True, progress: bool = True) -> list[Config]:
+    """Every configuration of the grid, its files made (or reused) under out_dir/models."""
+    from .convert import convert
+    from .registry import quantize
+
+    models = out_dir / "models"
+    source_type = file_type_name(source)
+    inputs = [source] + ([profile] if profile else [])
+    configs = [Config(f"{source.stem} (original)", "original", str(source), {}, source_type)]
+    quantized = {}
+    f16 = None
+    for qtype in quants:
+        if qtype == source_type:
+            continue
+        if qtype != "F16" and f16 is None and source_type not in ("F16", "F32", "BF16"):
+            f16 = _made(models / f"{source.stem}.F16.gguf", lambda p: quantize(source, p, "F16"), [source])
+        base = source if source_type in ("F16", "F32", "BF16") else (f16 or source)
+        if qtype == "F16":
+            f16 = path = _made(models / f"{source.stem}.F16.gguf", lambda p: quantize(source, p, "F16"), [source])
+        else:
+            path = _made(models / f"{source.stem}.{qtype}.gguf", lambda p, b=base, q=qtype: quantize(b, p, q), [base])
+        quantized[qtype] = path
+        configs.append(Config(f"{path.stem}", "quantized", str(path), {}, qtype))
+
+    def si_file(base: Path, gamma: float, static: float, ranking: str, tag: str) -> Path:
+        def make(p: Path) -> None:
+            convert(base, p, profile=profile if ranking == "profile" else None, task=task if ranking == "profile" else None,
+                    load_ratio=gamma, static_ratio=static, ranking=ranking, progress=progress,
+                    check_profile_source=base == source)
+        return _made(models / f"{base.stem}.{tag}.gguf", make, [base] + inputs)
+
+    ranking = "profile" if profile else "random"
+    for gamma in gammas:
+        path = si_file(source, gamma, delta, ranking, f"si{round(100 * gamma)}")
+        configs += selectinfer_configs(path, "selectinfer", gamma, delta, phis, select_by, source_type)
+    mid_gamma = sorted(gammas)[len(gammas) // 2]
+    for qtype in si_quants:
+        if qtype not in quantized:
+            continue
+        path = si_file(quantized[qtype], mid_gamma, delta, ranking, f"si{round(100 * mid_gamma)}")
+        configs += selectinfer_configs(path, "selectinfer", mid_gamma, delta, phis, select_by[:1], qtype)
+    if baselines:
+        path = si_file(source, 1.0, 0.0, ranking, "coreinfer")
+        configs += selectinfer_configs(path, "coreinfer", 1.0, 0.0, phis, select_by[:1], source_type,
+                                       loaded_only=False)
+        if ranking == "profile":  # random loading against the profile's choice, at the middle point
+            path = si_file(source, mid_gamma, delta, "random", f"random{round(100 * mid_gamma)}")
+            mid_phi = sorted(phis)[len(phis) // 2]
+            configs += selectinfer_configs(path, "random", mid_gamma, delta, [mid_phi], select_by[:1], source_type)
+    return configs
+
+
+# --- tasks (run in a child process per configuration) ---------------------------------------------
+def task_examples(task: str, n: int) -> list[dict]:
+    return sample_examples(load_dataset(TASKS[task][0], "eval").examples, n)
+
+
+def _generate(model, example: dict, max_tokens: int) -> str:
+    chat = model.metadata("tokenizer.chat_template") is not None
+    text, special = format_prompt(example, chat, lambda msgs: model.engine.apply_chat_template(msgs, True))
+    prompt = model.tokenize(text, True, special)
+    return model.generate(prompt, max_tokens, temperature=0, stop=None if chat else "\n")
+
+
+def _continuation_nll(model, example: dict, max_tokens: int) -> tuple[float, int]:
+    """Negative log-likelihood of a passage's second half after its first half as the prompt,
+    scored one decode step at a time (the prompt selects), and the number of tokens scored."""
+    tokens = model.tokenize(example["text"])[: max_tokens]
+    _, logprobs = model.token_logprobs(tokens, n_prompt=len(tokens) // 2)
+    return -float(logprobs.sum()), len(logprobs)
+
+
+def run_tasks(config: Config, tasks: list[str], n: int, n_threads: int, n_ctx: int = 2048) -> dict:
+    """The records of every task for one configuration: generations or token NLLs per example."""
+    from .model import Model
+
+    records: dict = {}
+    with Model(config.path, n_ctx=n_ctx, n_threads=n_threads, **config.model_kwargs) as model:
+        for task in tasks:
+            examples = task_examples(task, n)
+            max_tokens = TASKS[task][1]
+            if max_tokens is None:
+                scored = [_continuation_nll(model, ex, n_ctx // 2) for ex in examples]
+                records[task] = {"nll": [s[0] for s in scored], "n_tokens": [s[1] for s in scored]}
+            else:
+                records[task] = {"outputs": [_generate(model, ex, max_tokens) for ex in examples]}
+            records[task]["ids"] = [ex["id"] for ex in examples]
+        records["_model_bytes"] = model.stats()["model_bytes"]
+        records["_peak_rss_bytes"] = model.stats()["peak_rss_bytes"]
+    return records
+
+
+def run_tasks_in_child(config: Config, tasks: list[str], n: int, n_threads: int, runs: Path,
+                       n_ctx: int = 2048) -> dict:
+    """run_tasks in a fresh Python process (its peak RSS is this configuration's). The records are
+    kept in `runs` under a digest of the request and of the model file, and reused by a later run."""
+    request = json.dumps({"config": asdict(config), "tasks": tasks, "n": n, "n_threads": n_threads, "n_ctx": n_ctx})
+    stat = Path(config.path).stat()
+    key = hashlib.sha256(f"{request}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:20]
+    out_json = runs / f"{key}.json"
+    if out_json.exists():
+        return json.loads(out_json.read_text())
+    done = subprocess.run([sys.executable, "-m", "selectinfer.evaluate", str(out_json)], input=request, text=True,
+                          capture_output=True)
+    if done.returncode != 0:
+        tail = (done.stderr or "").strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+        return {"_error": tail[0]}
+    return json.loads(out_json.read_text())
+
+
+# --- metrics ---------------------------------------------------------------------------------------
+def _statistics(task: str, records: dict, examples: list[dict], reference_outputs: list[str] | None) -> dict:
+    """{metric: statistic(indices)} for one configuration's records of a task."""
+    if task == "text":
+        nll, counts = np.array(records["nll"]), np.array(records["n_tokens"])
+        return {"perplexity": lambda idx: metrics.perplexity(nll, counts, idx)}
+    outputs = records["outputs"]
+    if task == "qa":
+        per = {name: np.array([fn(o, ex["answers"]) for o, ex in zip(outputs, examples)])
+               for name, fn in (("exact_match", metrics.exact_match), ("f1", metrics.token_f1),
+                                ("contains", metrics.contains_answer))}
+        return {name: (lambda idx, v=v: float(v[idx].mean())) for name, v in per.items()}
+    if task == "translation":
+        hyps = [metrics.answer_span(o) for o in outputs]
+        refs = [ex["reference"] for ex in examples]
+        return {"bleu": lambda idx: metrics.bleu([hyps[i] for i in idx], [refs[i] for i in idx]),
+                "chrf": lambda idx: metrics.chrf([hyps[i] for i in idx], [refs[i] for i in idx])}
+    if task == "summarization":
+        out = {}
+        if all("reference" in ex for ex in examples):
+            v = metrics.rouge_l(outputs, [ex["reference"] for ex in examples])
+            out["rouge_l"] = lambda idx: float(v[idx].mean())
+        if reference_outputs is not None:  # against the original model's summaries: fidelity
+            f = metrics.rouge_l(outputs, reference_outputs)
+            out["rouge_l_vs_original"] = lambda idx: float(f[idx].mean())
+        return out
+    raise ValueError(f"unknown task {task}")
+
+
+def score(configs: list[Config], records: list[dict], tasks: list[str], n: int,
+          n_bootstrap: int = metrics.N_BOOTSTRAP) -> list[dict]:
+    """Per configuration and task: every metric with its interval, and its paired difference against
+    the first configuration (the original model) on the same examples and resamples."""
+    base = records[0]
+    results = []
+    for config, rec in zip(configs, records):
+        entry = {"accuracy": {}, "vs_original": {}}
+        for task in tasks:
+            if "_error" in rec or "_error" in base:
+                continue
+            examples = task_examples(task, n)
+            draws = metrics.resamples(len(examples), n_bootstrap)
+            ref_outputs = base[task].get("outputs") if task == "summarization" else None
+            mine = _statistics(task, rec[task], examples, ref_outputs)
+            theirs = _statistics(task, base[task], examples, ref_outputs)
+            for name, stat in mine.items():
+                key = f"{task}.{name}"
+                entry["accuracy"][key] = metrics.bootstrap(stat, len(examples), draws).as_dict()
+                if config is not configs[0] and name in theirs:
+                    entry["vs_original"][key] = metrics.paired_difference(theirs[name], stat, len(examples),
+                                                                          draws).as_dict()
+        results.append(entry)
+    return results
+
+
+# --- speed ------------------------------------------------------------------------------------------
+def read_bytes(config: Config) -> int:
+    """Weight bytes one decode step of the configuration reads (bench.bytes_read_per_token)."""
+    from .bench import bytes_read_per_token
+
+    return bytes_read_per_token(config.path, config.phi)
+
+
+def measure_speed(configs: list[Config], n_prompt: int, n_gen: int, rounds: int, n_threads: int) -> list[dict]:
+    """Prefill and decode tokens/s of every configuration, loaded side by side, interleaved rounds (medians)."""
+    from .bench import BenchConfig, run_configs
+
+    bench = [BenchConfig(c.label, c.path, c.model_kwargs, read_bytes(c)) for c in configs]
+    results = run_configs(bench, n_prompt=n_prompt, n_gen=n_gen, repeats=rounds, n_threads=n_threads)
+    return [{"prefill_tokens_per_s": r.prefill_median, "decode_tokens_per_s": r.decode_median} for r in results]
+
+
+# --- the whole run ------------------------------------------------------------------------------------
+def cpu_description() -> str:
+    """The CPU's model name and the features ggml uses on it (selectinfer info)."""
+    name = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    features = re.findall(r"(\w+) = 1", _native.system_info())
+    return f"{name} ({', '.join(features)}; {os.cpu_count()} hardware threads)"
+
+
+def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: str = "qa",
+             gammas=(0.5, 0.7, 0.9), phis=(0.3, 0.4, 0.5), select_by=("value", "magnitude"), quants=QUANT_TYPES,
+             si_quants=("Q4_0", "Q8_0"), baselines: bool = True, tasks=tuple(TASKS), n: int = 50, n_threads: int = 0,
+             speed_rounds: int = 3, n_prompt: int = 64, n_gen: int = 32, n_bootstrap: int = metrics.N_BOOTSTRAP,
+             n_ctx: int = 2048,
+             command: str = "", progress: bool = True) -> tuple[dict, list[Path]]:
+    """Builds the grid's files, runs the tasks of every configuration (one child process each), the
+    speed rounds, and writes the report; returns it and the files written."""
+    from tqdm import tqdm
+
+    from .eval_report import write_report
+
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise ValueError(f"unknown task(s) {', '.join(unknown)}; tasks: {', '.join(TASKS)}")
+    if tasks and n < 2:
+        raise ValueError(f"n must be at least 2 examples per task (bootstrap intervals), got {n}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    configs = build_configs(source, out_dir, profile=profile, task=task, gammas=list(gammas), phis=list(phis),
+                            select_by=list(select_by), quants=list(quants), si_quants=list(si_quants),
+                            baselines=baselines, progress=progress)
+    records = []
+    runs = out_dir / "runs"
+    runs.mkdir(exist_ok=True)
+    for config in tqdm(configs, desc="configurations", disable=not progress):
+        records.append(run_tasks_in_child(config, list(tasks), n, n_threads, runs, n_ctx) if tasks else {})
+    scores = score(configs, records, list(tasks), n, n_bootstrap) if tasks else [{} for _ in configs]
+    speeds = (measure_speed(configs, n_prompt, n_gen, speed_rounds, n_threads) if speed_rounds > 0
+              else [{} for _ in configs])
+    rows = []
+    for config, rec, sc, speed in zip(configs, records, scores, speeds):
+        row = {**asdict(config), "model_bytes": Path(config.path).stat().st_size,
+               "read_bytes_per_token": read_bytes(config), "peak_rss_bytes": rec.get("_peak_rss_bytes"),
+               **speed, **sc}
+        if "_error" in rec:
+            row["error"] = rec["_error"]
+        rows.append(row)
+    report = {"meta": {"source": source.name, "cpu": cpu_description(), "threads": n_threads or os.cpu_count(),
+                       "command": command, "tasks": list(tasks), "n": n, "n_bootstrap": n_bootstrap,
+                       "profile": str(profile) if profile else None, "profile_task": task,
+                       "speed": {"rounds": speed_rounds, "n_prompt": n_prompt, "n_gen": n_gen}},
+              "configurations": rows}
+    return report, write_report(report, out_dir)
+
+
+def child_main(out_json: str) -> int:
+    request = json.loads(sys.stdin.read())
+    config = Config(**request["config"])
+    records = run_tasks(config, request["tasks"], request["n"], request["n_threads"], request["n_ctx"])
+    from .paths import atomic_path
+
+    with atomic_path(Path(out_json)) as tmp:
+        Path(tmp).write_text(json.dumps(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(child_main(sys.argv[1]))

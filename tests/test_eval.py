@@ -1,0 +1,114 @@
+"""selectinfer eval end to end on a tiny random model: the grid's files, the tasks in child
+processes, intervals and paired differences, speed, and the report (JSON, markdown, plots).
+Random weights: the numbers say nothing about accuracy; the test checks the bookkeeping."""
+import json
+from pathlib import Path
+
+import pytest
+
+from selectinfer import evaluate
+from selectinfer.bench import bytes_read_per_token
+
+
+@pytest.fixture(scope="module")
+def report(tiny_model, tmp_path_factory):
+    pytest.importorskip("sacrebleu")
+    pytest.importorskip("rouge_score")
+    out = tmp_path_factory.mktemp("eval")
+    source = tiny_model("tiny-qwen2", "F32")
+    report, written = evaluate.run_eval(
+        source, out, gammas=[0.75], phis=[0.5], select_by=["value", "magnitude"], quants=["Q8_0"],
+        si_quants=["Q8_0"], tasks=["qa", "translation", "summarization", "text"], n=3, n_threads=2,
+        speed_rounds=1, n_prompt=8, n_gen=4, n_bootstrap=200, progress=False)
+    return report, written, out
+
+
+def test_the_grid(report):
+    report, _, out = report
+    rows = report["configurations"]
+    families = [r["family"] for r in rows]
+    assert families[0] == "original"
+    assert families.count("quantized") == 1  # Q8_0
+    # gamma 0.75: loaded-only and phi 0.5 by value and magnitude; the Q8_0 file: loaded-only and phi 0.5
+    assert families.count("selectinfer") == 3 + 2
+    assert families.count("coreinfer") == 1
+    assert [r["label"] for r in rows if "error" in r] == []
+    for r in rows[1:]:  # made from the source, under OUT/models
+        assert Path(r["path"]).parent == out / "models"
+    for r in rows:
+        assert r["read_bytes_per_token"] == bytes_read_per_token(r["path"], r["phi"])
+    si = [r for r in rows if r["family"] == "selectinfer" and r["weight_type"] != "Q8_0"]
+    loaded, selected = si[0], si[1]
+    assert loaded["phi"] is None and selected["phi"] == 0.5
+    assert selected["read_bytes_per_token"] < loaded["read_bytes_per_token"] < rows[0]["read_bytes_per_token"]
+    assert loaded["model_bytes"] < rows[0]["model_bytes"]
+
+
+def test_intervals_and_paired_differences(report):
+    report, _, _ = report
+    rows = report["configurations"]
+    keys = set(rows[0]["accuracy"])
+    assert {"qa.exact_match", "qa.f1", "qa.contains", "translation.bleu", "translation.chrf",
+            "summarization.rouge_l_vs_original", "text.perplexity"} <= keys
+    # against itself, the original's summaries score 1
+    assert rows[0]["accuracy"]["summarization.rouge_l_vs_original"]["value"] == pytest.approx(1.0)
+    for r in rows:
+        for key, e in r["accuracy"].items():
+            assert e["n"] == 3 and e["low"] <= e["value"] + 1e-9 and e["value"] <= e["high"] + 1e-9, (r["label"], key)
+        if r is rows[0]:
+            assert r["vs_original"] == {}
+            continue
+        for key, d in r["vs_original"].items():  # the difference of the two point estimates
+            assert d["value"] == pytest.approx(r["accuracy"][key]["value"] - rows[0]["accuracy"][key]["value"])
+    assert rows[0]["accuracy"]["text.perplexity"]["value"] > 1
+
+
+def test_records_are_reused_and_tasks_rerun_when_the_request_changes(report, tmp_path):
+    report, _, out = report
+    config = evaluate.Config(**{k: report["configurations"][0][k] for k in
+                                ("label", "family", "path", "model_kwargs", "weight_type", "gamma", "phi", "select_by")})
+    runs = out / "runs"
+    before = set(runs.iterdir())
+    again = evaluate.run_tasks_in_child(config, ["qa", "translation", "summarization", "text"], 3, 2, runs)
+    assert set(runs.iterdir()) == before and "qa" in again  # the same request: reused
+    other = evaluate.run_tasks_in_child(config, ["qa"], 2, 2, runs)
+    assert len(set(runs.iterdir())) == len(before) + 1 and len(other["qa"]["outputs"]) == 2
+
+
+def test_a_failing_configuration_is_reported_not_fatal(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 60)
+    config = evaluate.Config("bad", "original", str(bad))
+    rec = evaluate.run_tasks_in_child(config, ["qa"], 2, 1, tmp_path)
+    assert "_error" in rec and rec["_error"]
+
+
+def test_speed_and_the_report(report):
+    report, written, out = report
+    for r in report["configurations"]:
+        assert r["decode_tokens_per_s"] > 0 and r["prefill_tokens_per_s"] > 0 and r["peak_rss_bytes"] > 0
+    names = {p.name for p in written}
+    assert {"results.json", "results.md", "text.perplexity_vs_bytes_read.png", "qa.f1_vs_peak_rss.png",
+            "decode_speed_vs_bytes_read.png"} <= names
+    for p in written:
+        if p.suffix == ".png":
+            assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (out / "results.md").read_text()
+    assert all(r["label"] in md for r in report["configurations"])
+    assert json.loads((out / "results.json").read_text())["meta"]["n"] == 3
+
+
+def test_speed_only(tiny_model, tmp_path):
+    report, written = evaluate.run_eval(tiny_model("tiny-qwen2", "F32"), tmp_path, gammas=[0.75], phis=[0.5],
+                                        select_by=["value"], quants=[], si_quants=[], tasks=[], speed_rounds=1,
+                                        n_prompt=8, n_gen=4, n_threads=1, progress=False)
+    assert all("accuracy" not in r for r in report["configurations"])
+    assert "Speed and memory only" in (tmp_path / "results.md").read_text()
+    assert [r["family"] for r in report["configurations"]] == ["original", "selectinfer", "selectinfer", "coreinfer"]
+
+
+def test_unknown_task_and_too_few_examples(tiny_model, tmp_path):
+    with pytest.raises(ValueError, match="unknown task"):
+        evaluate.run_eval(tiny_model("tiny-qwen2", "F32"), tmp_path, tasks=["poetry"])
+    with pytest.raises(ValueError, match="at least 2"):
+        evaluate.run_eval(tiny_model("tiny-qwen2", "F32"), tmp_path, tasks=["qa"], n=1)
