@@ -95,3 +95,18 @@ def write_gguf(path, fields: dict, tensors: list[dict]) -> Path:
         out += t["data"].tobytes() + bytes(-len(t["data"]) % alignment)
     Path(path).write_bytes(bytes(out))
     return Path(path)
+
+
+def limits_allowed() -> str | None:
+    """None when this machine lets the tests limit a child's memory (cgroup), else why not."""
+    from selectinfer.memlimit import MemoryLimitError, run_limited
+
+    try:
+        run_limited([sys.executable, "-c", "pass"], 256 * 2**20, timeout_s=60)
+    except MemoryLimitError as e:
+        return str(e)
+    return None
+
+
+_WHY_NO_LIMITS = limits_allowed()
+needs_cgroups = pytest.mark.skipif(_WHY_NO_LIMITS is not None, reason=f"cannot limit memory here: {_WHY_NO_LIMITS}")

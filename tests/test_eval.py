@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import needs_cgroups
 
 from selectinfer import evaluate
 from selectinfer.bench import bytes_read_per_token
@@ -69,17 +70,17 @@ def test_records_are_reused_and_tasks_rerun_when_the_request_changes(report, tmp
                                 ("label", "family", "path", "model_kwargs", "weight_type", "gamma", "phi", "select_by")})
     runs = out / "runs"
     before = set(runs.iterdir())
-    again = evaluate.run_tasks_in_child(config, ["qa", "translation", "summarization", "text"], 3, 2, runs)
+    again = evaluate.run_in_child(evaluate.RunRequest(config, ["qa", "translation", "summarization", "text"], 3, 2), runs)
     assert set(runs.iterdir()) == before and "qa" in again  # the same request: reused
-    other = evaluate.run_tasks_in_child(config, ["qa"], 2, 2, runs)
-    assert len(set(runs.iterdir())) == len(before) + 1 and len(other["qa"]["outputs"]) == 2
+    other = evaluate.run_in_child(evaluate.RunRequest(config, ["qa"], 2, 2), runs)
+    assert len(set(runs.iterdir())) == len(before) + 2 and len(other["qa"]["outputs"]) == 2  # records, request
 
 
 def test_a_failing_configuration_is_reported_not_fatal(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 60)
     config = evaluate.Config("bad", "original", str(bad))
-    rec = evaluate.run_tasks_in_child(config, ["qa"], 2, 1, tmp_path)
+    rec = evaluate.run_in_child(evaluate.RunRequest(config, ["qa"], 2, 1), tmp_path)
     assert "_error" in rec and rec["_error"]
 
 
@@ -112,3 +113,22 @@ def test_unknown_task_and_too_few_examples(tiny_model, tmp_path):
         evaluate.run_eval(tiny_model("tiny-qwen2", "F32"), tmp_path, tasks=["poetry"])
     with pytest.raises(ValueError, match="at least 2"):
         evaluate.run_eval(tiny_model("tiny-qwen2", "F32"), tmp_path, tasks=["qa"], n=1)
+
+
+@needs_cgroups
+def test_under_a_memory_limit_each_configuration_runs_and_is_timed_in_its_own_process(tiny_model, tmp_path):
+    source = tiny_model("tiny-qwen2", "F32")
+    report, _ = evaluate.run_eval(source, tmp_path, gammas=[0.75], phis=[0.5], select_by=["value"], quants=[],
+                                  si_quants=[], baselines=False, tasks=["qa"], n=2, speed_rounds=1, n_prompt=8,
+                                  n_gen=4, n_threads=1, n_bootstrap=50, memory_limit_bytes=1 << 30, progress=False)
+    assert report["meta"]["speed"]["mode"] == "per process"
+    for r in report["configurations"]:
+        assert "error" not in r and r["decode_tokens_per_s"] > 0
+        assert r["cgroup_peak_bytes"] is None or 0 < r["cgroup_peak_bytes"] <= 1 << 30
+    assert "memory limit of 1024 MiB" in (tmp_path / "results.md").read_text()
+    # a limit no process fits in: every configuration fails, and the report says so
+    report, _ = evaluate.run_eval(source, tmp_path / "tight", gammas=[0.75], phis=[0.5], select_by=["value"],
+                                  quants=[], si_quants=[], baselines=False, tasks=["qa"], n=2, speed_rounds=1,
+                                  n_threads=1, memory_limit_bytes=4 << 20, progress=False)
+    assert all("error" in r for r in report["configurations"])
+    assert "## Failed configurations" in (tmp_path / "tight" / "results.md").read_text()

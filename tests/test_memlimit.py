@@ -4,24 +4,13 @@ import subprocess
 import sys
 
 import pytest
-from helpers import tool
+from helpers import needs_cgroups, tool
 
 from selectinfer.memlimit import CGROUP_ROOT, MemoryLimitError, run_limited
 
 ALLOCATE = "import sys; b = bytearray(int(sys.argv[1]) * 2**20); b[::4096] = b'x' * len(b[::4096]); print('ok')"
 
 
-def limits_allowed() -> str | None:
-    """None when this machine lets the tests limit memory, else why not."""
-    try:
-        run_limited([sys.executable, "-c", "pass"], 256 * 2**20, timeout_s=60)
-    except MemoryLimitError as e:
-        return str(e)
-    return None
-
-
-needs_cgroups = pytest.mark.skipif(limits_allowed() is not None,
-                                   reason=f"cannot limit memory here: {limits_allowed()}")
 
 
 @needs_cgroups

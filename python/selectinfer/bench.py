@@ -42,12 +42,12 @@ class BenchResult:
         return statistics.median(self.decode_tokens_per_s)
 
 
-def _prompt_tokens(model: Model, n_prompt: int) -> list[int]:
+def prompt_tokens(model: Model, n_prompt: int) -> list[int]:
     tokens = model.tokenize(BENCH_TEXT * (1 + n_prompt // 32))
     return tokens[:n_prompt]
 
 
-def _one_run(model: Model, prompt: list[int], n_gen: int) -> tuple[float, float]:
+def one_run(model: Model, prompt: list[int], n_gen: int) -> tuple[float, float]:
     """Prefill `prompt`, then exactly n_gen greedy decode steps (end-of-text is ignored)."""
     model.engine.clear()
     model.reset_stats()
@@ -105,12 +105,12 @@ def run_configs(configs: list[BenchConfig], *, n_prompt: int = 64, n_gen: int = 
                                 **c.model_kwargs))
         results = [BenchResult(str(c.path), c.label, m.stats()["model_bytes"], c.read_bytes)
                    for c, m in zip(configs, models)]
-        prompts = [_prompt_tokens(m, n_prompt) for m in models]
+        prompts = [prompt_tokens(m, n_prompt) for m in models]
         for m, prompt in zip(models, prompts):  # warm-up: page in the weights, fill caches
-            _one_run(m, prompt, 4)
+            one_run(m, prompt, 4)
         for _ in tqdm(range(repeats), desc="bench", unit="round", leave=False):
             for m, prompt, r in zip(models, prompts, results):
-                prefill, decode = _one_run(m, prompt, n_gen)
+                prefill, decode = one_run(m, prompt, n_gen)
                 r.prefill_tokens_per_s.append(prefill)
                 r.decode_tokens_per_s.append(decode)
         return results

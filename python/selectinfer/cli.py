@@ -103,6 +103,7 @@ def _cmd_models(args: argparse.Namespace) -> None:
 def _cmd_eval(args: argparse.Namespace) -> None:
     from pathlib import Path
 
+    from .convert import parse_size
     from .evaluate import run_eval
 
     source = Path(args.model) if Path(args.model).is_file() else registry.pull(args.model, quiet=True)
@@ -121,7 +122,8 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         source, Path(args.output), profile=profile, task=args.profile_task, gammas=args.gammas, phis=args.phis,
         select_by=args.select_by, quants=args.quants, si_quants=args.si_quants, baselines=not args.no_baselines,
         tasks=tasks, n=args.n, n_threads=args.threads, speed_rounds=args.speed_rounds, n_prompt=args.n_prompt,
-        n_gen=args.n_gen, command="selectinfer " + " ".join(sys.argv[1:]))
+        n_gen=args.n_gen, memory_limit_bytes=parse_size(args.memory_limit) if args.memory_limit else None,
+        command="selectinfer " + " ".join(sys.argv[1:]))
     for path in written:
         print(path)
 
@@ -246,7 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--si-quants", nargs="*", default=["Q4_0", "Q8_0"],
                    help="also SelectInfer files made from these quantized baselines (middle gamma)")
     p.add_argument("--no-baselines", action="store_true", help="no CoreInfer and random-loading configurations")
-    p.add_argument("--speed-rounds", type=int, default=3, help="interleaved speed rounds (0: no speed)")
+    p.add_argument("--speed-rounds", type=int, default=3, help="speed rounds (0: no speed)")
+    p.add_argument("--memory-limit", metavar="SIZE",
+                   help="run every configuration as on a device with SIZE of memory (cgroup; see `selectinfer "
+                        "limit`): a model larger than SIZE runs from disk (offloading)")
     p.add_argument("-p", "--n-prompt", type=int, default=64)
     p.add_argument("--n-gen", type=int, default=32)
     p.add_argument("-t", "--threads", type=int, default=0)

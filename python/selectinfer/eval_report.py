@@ -34,16 +34,29 @@ def markdown(report: dict) -> str:
                   f"bootstrap 95% intervals over {meta['n_bootstrap']} resamples of the examples.", ""]
     else:
         lines += ["Speed and memory only: no task was run (random weights say nothing about accuracy).", ""]
+    speed, limit = meta["speed"], meta.get("memory_limit_bytes")
+    if speed["mode"] != "none":
+        how = ("every configuration loaded side by side, interleaved rounds" if speed["mode"] == "interleaved"
+               else "each configuration in its own process")
+        lines += [f"Speed: {speed['n_prompt']}-token prompt, {speed['n_gen']} decoded tokens, medians of "
+                  f"{speed['rounds']} rounds, {how}.", ""]
+    if limit:
+        lines += [f"Every configuration ran under a memory limit of {limit / MIB:.0f} MiB (a cgroup around its "
+                  "process, its file evicted from the page cache first): one larger than the limit runs from "
+                  "disk (mmap offloading). cgroup peak: the group's peak, page cache included.", ""]
     lines += ["## Memory and speed", "",
-              "| configuration | family | weights | model MiB | peak RSS MiB | read/token MiB | bytes ideal | "
+              "| configuration | family | weights | model MiB | peak RSS MiB | "
+              + ("cgroup peak MiB | " if limit else "") + "read/token MiB | bytes ideal | "
               "prefill tok/s | decode tok/s | decode vs original | of ideal |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "|---|---|---|---:|---:|" + ("---:|" if limit else "") + "---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         ideal = base["read_bytes_per_token"] / r["read_bytes_per_token"]
         speedup = (r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
                    if r.get("decode_tokens_per_s") and base.get("decode_tokens_per_s") else None)
         lines.append(f"| {r['label']} | {r['family']} | {r['weight_type']} | {_mib(r['model_bytes'])} | "
-                     f"{_mib(r.get('peak_rss_bytes'))} | {_mib(r['read_bytes_per_token'])} | {ideal:.2f}x | "
+                     f"{_mib(r.get('peak_rss_bytes'))} | "
+                     + (f"{_mib(r.get('cgroup_peak_bytes'))} | " if limit else "")
+                     + f"{_mib(r['read_bytes_per_token'])} | {ideal:.2f}x | "
                      f"{_rate(r.get('prefill_tokens_per_s'))} | {_rate(r.get('decode_tokens_per_s'))} | "
                      + ("-" if speedup is None else f"{speedup:.2f}x") + " | "
                      + ("-" if speedup is None else f"{100 * speedup / ideal:.0f}%") + " |")

@@ -163,42 +163,78 @@ def _continuation_nll(model, example: dict, max_tokens: int) -> tuple[float, int
     return -float(logprobs.sum()), len(logprobs)
 
 
-def run_tasks(config: Config, tasks: list[str], n: int, n_threads: int, n_ctx: int = 2048) -> dict:
-    """The records of every task for one configuration: generations or token NLLs per example."""
+@dataclass
+class RunRequest:
+    """What one child process does for one configuration."""
+    config: Config
+    tasks: list[str]
+    n: int
+    n_threads: int = 0
+    n_ctx: int = 2048
+    speed: dict | None = None  # {"n_prompt", "n_gen", "rounds"}: timed in this process (not interleaved)
+    memory_limit_bytes: int | None = None  # run under a cgroup memory limit (memlimit.py)
+
+
+def run_config(req: RunRequest) -> dict:
+    """The records of one configuration: per task the generations or token NLLs of each example;
+    the peak RSS; with req.speed, prefill and decode tokens/s (medians of the rounds)."""
+    import statistics
+
+    from .bench import one_run, prompt_tokens
     from .model import Model
 
     records: dict = {}
-    with Model(config.path, n_ctx=n_ctx, n_threads=n_threads, **config.model_kwargs) as model:
-        for task in tasks:
-            examples = task_examples(task, n)
+    with Model(req.config.path, n_ctx=req.n_ctx, n_threads=req.n_threads, **req.config.model_kwargs) as model:
+        for task in req.tasks:
+            examples = task_examples(task, req.n)
             max_tokens = TASKS[task][1]
             if max_tokens is None:
-                scored = [_continuation_nll(model, ex, n_ctx // 2) for ex in examples]
+                scored = [_continuation_nll(model, ex, req.n_ctx // 2) for ex in examples]
                 records[task] = {"nll": [s[0] for s in scored], "n_tokens": [s[1] for s in scored]}
             else:
                 records[task] = {"outputs": [_generate(model, ex, max_tokens) for ex in examples]}
             records[task]["ids"] = [ex["id"] for ex in examples]
-        records["_model_bytes"] = model.stats()["model_bytes"]
+        if req.speed:
+            prompt = prompt_tokens(model, req.speed["n_prompt"])
+            one_run(model, prompt, 4)  # warm-up: page in the weights
+            runs = [one_run(model, prompt, req.speed["n_gen"]) for _ in range(req.speed["rounds"])]
+            records["_speed"] = {"prefill_tokens_per_s": statistics.median(r[0] for r in runs),
+                                 "decode_tokens_per_s": statistics.median(r[1] for r in runs)}
         records["_peak_rss_bytes"] = model.stats()["peak_rss_bytes"]
     return records
 
 
-def run_tasks_in_child(config: Config, tasks: list[str], n: int, n_threads: int, runs: Path,
-                       n_ctx: int = 2048) -> dict:
-    """run_tasks in a fresh Python process (its peak RSS is this configuration's). The records are
-    kept in `runs` under a digest of the request and of the model file, and reused by a later run."""
-    request = json.dumps({"config": asdict(config), "tasks": tasks, "n": n, "n_threads": n_threads, "n_ctx": n_ctx})
-    stat = Path(config.path).stat()
+def run_in_child(req: RunRequest, runs: Path) -> dict:
+    """run_config in a fresh Python process (its peak RSS is this configuration's), under the
+    request's memory limit if any. The records are kept in `runs` under a digest of the request and
+    of the model file, and reused by a later run. A failure is recorded as {"_error": message}."""
+    from .memlimit import run_limited
+    from .paths import atomic_path
+
+    request = json.dumps(asdict(req), sort_keys=True)
+    stat = Path(req.config.path).stat()
     key = hashlib.sha256(f"{request}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:20]
-    out_json = runs / f"{key}.json"
+    out_json, request_json = runs / f"{key}.json", runs / f"{key}.request.json"
     if out_json.exists():
         return json.loads(out_json.read_text())
-    done = subprocess.run([sys.executable, "-m", "selectinfer.evaluate", str(out_json)], input=request, text=True,
-                          capture_output=True)
+    with atomic_path(request_json) as tmp:
+        tmp.write_text(request)
+    cmd = [sys.executable, "-m", "selectinfer.evaluate", str(request_json), str(out_json)]
+    if req.memory_limit_bytes:
+        done = run_limited(cmd, req.memory_limit_bytes, evict=[req.config.path])
+        peak = done.peak_bytes
+    else:
+        done, peak = subprocess.run(cmd, text=True, capture_output=True), None
     if done.returncode != 0:
         tail = (done.stderr or "").strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+        if done.returncode < 0 and req.memory_limit_bytes:
+            tail = [f"killed by signal {-done.returncode} under the memory limit"]
         return {"_error": tail[0]}
-    return json.loads(out_json.read_text())
+    records = json.loads(out_json.read_text())
+    if peak is not None:
+        records["_cgroup_peak_bytes"] = peak
+        out_json.write_text(json.dumps(records))
+    return records
 
 
 # --- metrics ---------------------------------------------------------------------------------------
@@ -288,14 +324,25 @@ def cpu_description() -> str:
     return f"{name} ({', '.join(features)}; {os.cpu_count()} hardware threads)"
 
 
+def _ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: str = "qa",
              gammas=(0.5, 0.7, 0.9), phis=(0.3, 0.4, 0.5), select_by=("value", "magnitude"), quants=QUANT_TYPES,
              si_quants=("Q4_0", "Q8_0"), baselines: bool = True, tasks=tuple(TASKS), n: int = 50, n_threads: int = 0,
              speed_rounds: int = 3, n_prompt: int = 64, n_gen: int = 32, n_bootstrap: int = metrics.N_BOOTSTRAP,
-             n_ctx: int = 2048,
-             command: str = "", progress: bool = True) -> tuple[dict, list[Path]]:
-    """Builds the grid's files, runs the tasks of every configuration (one child process each), the
-    speed rounds, and writes the report; returns it and the files written."""
+             n_ctx: int = 2048, memory_limit_bytes: int | None = None, command: str = "",
+             progress: bool = True) -> tuple[dict, list[Path]]:
+    """Builds the grid's files, runs every configuration in a child process of its own (tasks; speed
+    too where it is not interleaved), the interleaved speed rounds, and writes the report; returns
+    it and the files written.
+
+    Speed is measured with every configuration loaded side by side in interleaved rounds when their
+    files fit in half the RAM together; otherwise, and always under memory_limit_bytes (each
+    configuration as on a device with that much memory: cgroup, its file evicted from the page
+    cache first; one larger than the limit runs from disk, llama.cpp's mmap offloading), each
+    configuration's child times its own rounds."""
     from tqdm import tqdm
 
     from .eval_report import write_report
@@ -305,44 +352,53 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
         raise ValueError(f"unknown task(s) {', '.join(unknown)}; tasks: {', '.join(TASKS)}")
     if tasks and n < 2:
         raise ValueError(f"n must be at least 2 examples per task (bootstrap intervals), got {n}")
+    if speed_rounds < 0:
+        raise ValueError(f"speed_rounds must be >= 0, got {speed_rounds}")
     out_dir.mkdir(parents=True, exist_ok=True)
     configs = build_configs(source, out_dir, profile=profile, task=task, gammas=list(gammas), phis=list(phis),
                             select_by=list(select_by), quants=list(quants), si_quants=list(si_quants),
                             baselines=baselines, progress=progress)
-    records = []
+    total_bytes = sum(Path(p).stat().st_size for p in {c.path for c in configs})
+    interleaved = speed_rounds > 0 and memory_limit_bytes is None and total_bytes < _ram_bytes() // 2
+    speed = ({"n_prompt": n_prompt, "n_gen": n_gen, "rounds": speed_rounds}
+             if speed_rounds > 0 and not interleaved else None)
     runs = out_dir / "runs"
     runs.mkdir(exist_ok=True)
+    records = []
     for config in tqdm(configs, desc="configurations", disable=not progress):
-        records.append(run_tasks_in_child(config, list(tasks), n, n_threads, runs, n_ctx) if tasks else {})
+        req = RunRequest(config, list(tasks), n, n_threads, n_ctx, speed, memory_limit_bytes)
+        records.append(run_in_child(req, runs) if tasks or speed or memory_limit_bytes else {})
     scores = score(configs, records, list(tasks), n, n_bootstrap) if tasks else [{} for _ in configs]
-    speeds = (measure_speed(configs, n_prompt, n_gen, speed_rounds, n_threads) if speed_rounds > 0
-              else [{} for _ in configs])
+    speeds = (measure_speed(configs, n_prompt, n_gen, speed_rounds, n_threads) if interleaved
+              else [rec.get("_speed", {}) for rec in records])
     rows = []
-    for config, rec, sc, speed in zip(configs, records, scores, speeds):
+    for config, rec, sc, sp in zip(configs, records, scores, speeds):
         row = {**asdict(config), "model_bytes": Path(config.path).stat().st_size,
                "read_bytes_per_token": read_bytes(config), "peak_rss_bytes": rec.get("_peak_rss_bytes"),
-               **speed, **sc}
+               "cgroup_peak_bytes": rec.get("_cgroup_peak_bytes"), **sp, **sc}
         if "_error" in rec:
             row["error"] = rec["_error"]
         rows.append(row)
     report = {"meta": {"source": source.name, "cpu": cpu_description(), "threads": n_threads or os.cpu_count(),
                        "command": command, "tasks": list(tasks), "n": n, "n_bootstrap": n_bootstrap,
                        "profile": str(profile) if profile else None, "profile_task": task,
-                       "speed": {"rounds": speed_rounds, "n_prompt": n_prompt, "n_gen": n_gen}},
+                       "memory_limit_bytes": memory_limit_bytes,
+                       "speed": {"rounds": speed_rounds, "n_prompt": n_prompt, "n_gen": n_gen,
+                                 "mode": "interleaved" if interleaved else "per process" if speed else "none"}},
               "configurations": rows}
     return report, write_report(report, out_dir)
 
 
-def child_main(out_json: str) -> int:
-    request = json.loads(sys.stdin.read())
-    config = Config(**request["config"])
-    records = run_tasks(config, request["tasks"], request["n"], request["n_threads"], request["n_ctx"])
+def child_main(request_json: str, out_json: str) -> int:
     from .paths import atomic_path
 
+    raw = json.loads(Path(request_json).read_text())
+    req = RunRequest(**{**raw, "config": Config(**raw["config"])})
+    records = run_config(req)
     with atomic_path(Path(out_json)) as tmp:
         Path(tmp).write_text(json.dumps(records))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(child_main(sys.argv[1]))
+    sys.exit(child_main(sys.argv[1], sys.argv[2]))
