@@ -46,7 +46,7 @@ test: install-test $(UPSTREAM)
 # g++-aarch64-linux-gnu, qemu-user and debootstrap), each running the tests that find memory and
 # CPU-specific bugs (scripts/test_variant.sh; CI runs all three after `make test`).
 # (the test dependencies come from the test install; the variants build their own engine)
-TEST_DEPS := $(PY) -c "import pytest, gguf, numpy, sacrebleu, rouge_score" 2>/dev/null || $(MAKE) install-test
+TEST_DEPS := $(PY) -c "import pytest, gguf, numpy, sacrebleu, rouge_score, lm_eval" 2>/dev/null || $(MAKE) install-test
 
 test-asan: $(PY)
 	$(TEST_DEPS)

@@ -111,13 +111,10 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     profile = None
     if args.profile:
         profile = Path(args.profile)
-    elif tasks:  # the engine's own profile of this model, made once and kept beside the results
-        from .profiler import profile_model
+    elif tasks:  # the engine's own profile of this model (selectinfer prepare's, cached)
+        from .prepare import cached_profile
 
-        profile = Path(args.output) / "profile.safetensors"
-        Path(args.output).mkdir(parents=True, exist_ok=True)
-        if not profile.exists():
-            profile_model(source, None, profile, max_prompts=args.profile_prompts, n_threads=args.threads)
+        profile = cached_profile(source, max_prompts=args.profile_prompts, n_threads=args.threads)
     report, written = run_eval(
         source, Path(args.output), profile=profile, task=args.profile_task, gammas=args.gammas, phis=args.phis,
         select_by=args.select_by, quants=args.quants, si_quants=args.si_quants, baselines=not args.no_baselines,
@@ -126,6 +123,30 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         command="selectinfer " + " ".join(sys.argv[1:]))
     for path in written:
         print(path)
+
+
+def _cmd_prepare(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from .prepare import prepare
+
+    source = Path(args.model) if Path(args.model).is_file() else registry.pull(args.model, quiet=True)
+    r = prepare(source, args.output, task=args.task, memory_budget=args.memory_budget, load_ratio=args.load_ratio,
+                static_ratio=args.static_ratio, layers=args.layers, dataset_specs=args.data,
+                max_prompts=args.max_prompts, max_new_tokens=args.max_new_tokens, n_ctx=args.ctx_size,
+                n_threads=args.threads)
+    fit = ("" if r.budget_bytes is None else
+           f", measured peak RSS {r.peak_rss_bytes / 2**20:.1f} MiB of the {r.budget_bytes / 2**20:.1f} MiB budget "
+           f"at a context of {args.ctx_size}")
+    print(f"{r.path}: gamma {r.load_ratio:.3f}, {r.file_bytes / 2**20:.1f} MiB{fit}; profile {r.profile}")
+
+
+def _lm_eval(lm_eval_args: list[str]) -> int:
+    try:
+        from .lm_eval_adapter import main as lm_eval_main
+    except ImportError as e:
+        raise RuntimeError(f"lm-eval is not installed ({e}): pip install 'selectinfer[eval]' (or lm-eval)") from None
+    return lm_eval_main(lm_eval_args)
 
 
 def _cmd_info(args: argparse.Namespace) -> None:
@@ -230,6 +251,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_random_model)
 
+    p = sub.add_parser("prepare", help="profile (cached) and convert in one step, to a load ratio or to a memory "
+                                       "budget the whole process fits")
+    p.add_argument("model", help="source GGUF, or a registry model name")
+    p.add_argument("-o", "--output", required=True, help="SelectInfer GGUF to write")
+    p.add_argument("--task", default="qa", help="task whose ranking gives the static neurons (default qa)")
+    fit = p.add_mutually_exclusive_group(required=True)
+    fit.add_argument("--memory-budget", metavar="SIZE",
+                     help="peak memory of the whole process (weights, KV cache at --ctx-size, buffers), e.g. 3G")
+    fit.add_argument("--load-ratio", type=float, help="gamma: neurons kept per layer, of the original N")
+    p.add_argument("--static-ratio", type=float, default=0.3, help="delta (default 0.3)")
+    p.add_argument("--layers", help="sparsified layers START:END (default: as convert)")
+    p.add_argument("--data", action="append", metavar="NAME|PATH:TASK", help="profiling data sets (default: built-in)")
+    p.add_argument("--max-prompts", type=int, default=40, help="profiling prompts per dataset (default 40)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per profiling prompt (default 128)")
+    p.add_argument("-c", "--ctx-size", type=int, default=2048, help="context the budget must hold (default 2048)")
+    p.add_argument("-t", "--threads", type=int, default=0)
+    p.set_defaults(func=_cmd_prepare)
+
     p = sub.add_parser("eval", help="memory, speed and accuracy of a grid of configurations made from one model: "
                                     "quantized, SelectInfer (gamma x phi), CoreInfer, random loading")
     p.add_argument("model", help="source GGUF, or a registry model name (selectinfer models)")
@@ -238,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tasks on the built-in eval splits (default: all)")
     p.add_argument("--speed-only", action="store_true", help="no tasks: speed and memory (random-weight models)")
     p.add_argument("-n", "--n", type=int, default=50, help="examples per task (default 50)")
-    p.add_argument("--profile", help="profile of the model (default: made with `selectinfer profile`, kept in OUTPUT)")
+    p.add_argument("--profile", help="profile of the model (default: the one `selectinfer prepare` makes, cached)")
     p.add_argument("--profile-task", default="qa", help="task whose ranking gives the static neurons (default qa)")
     p.add_argument("--profile-prompts", type=int, default=40, help="prompts per dataset when profiling (default 40)")
     p.add_argument("--gammas", type=float, nargs="+", default=[0.5, 0.7, 0.9], help="load ratios")
@@ -257,6 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--threads", type=int, default=0)
     p.set_defaults(func=_cmd_eval)
 
+    p = sub.add_parser("lm-eval", help="EleutherAI's lm-evaluation-harness with the selectinfer model "
+                                       "(--model selectinfer --model_args path=...,compute_ratio=0.4 ...)",
+                       add_help=False)
+    p.add_argument("lm_eval_args", nargs=argparse.REMAINDER, help="lm_eval's own arguments")
+    p.set_defaults(func=lambda args: _lm_eval(args.lm_eval_args))  # (main passes them on unparsed)
+
     sub.add_parser("models", help="list the registry models").set_defaults(func=_cmd_models)
     p = sub.add_parser("info", help="llama.cpp version, CPU features, AMX and weight repacking")
     p.add_argument("model", nargs="?", help="also show where this model's weights go, with and without repacking")
@@ -265,6 +310,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["lm-eval"]:  # lm_eval's own options, which argparse would take for ours
+        try:
+            return _lm_eval(argv[1:])
+        except RuntimeError as e:
+            print(f"selectinfer: error: {e}", file=sys.stderr)
+            return 1
     args = build_parser().parse_args(argv)
     try:
         code = args.func(args)

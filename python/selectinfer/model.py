@@ -170,16 +170,26 @@ class Model:
         if not 1 <= n_prompt < len(tokens):
             raise ValueError(f"n_prompt must be in [1, {len(tokens) - 1}] for a text of {len(tokens)} tokens, "
                              f"got {n_prompt}")
+        logprobs, _ = self.continuation_scores(tokens[:n_prompt], tokens[n_prompt:])
+        return tokens, logprobs
+
+    def continuation_scores(self, prompt: Sequence[int], continuation: Sequence[int]) -> tuple[np.ndarray, bool]:
+        """log p of each continuation token after `prompt`, one decode step each (in a SelectInfer
+        model, with the neurons the prompt selected), and whether greedy decoding would have produced
+        the whole continuation (every token the most likely one)."""
+        if not prompt or not continuation:
+            raise ValueError("need a prompt and a continuation of at least one token each")
         engine = self.engine
-        engine.eval_prompt(tokens[:n_prompt], False)
-        logprobs = []
-        for i in range(n_prompt, len(tokens)):
+        engine.eval_prompt(list(prompt), False)
+        logprobs, greedy = [], True
+        for i, token in enumerate(continuation):
             logits = np.asarray(engine.last_logits(), dtype=np.float64)
             top = logits.max()
-            logprobs.append(logits[tokens[i]] - top - np.log(np.exp(logits - top).sum()))
-            if i + 1 < len(tokens):
-                engine.eval_token(tokens[i])
-        return tokens, np.asarray(logprobs, dtype=np.float32)
+            logprobs.append(logits[token] - top - np.log(np.exp(logits - top).sum()))
+            greedy = greedy and logits[token] == top
+            if i + 1 < len(continuation):
+                engine.eval_token(token)
+        return np.asarray(logprobs, dtype=np.float32), bool(greedy)
 
     def perplexity(self, text: str | Sequence[int], n_prompt: int | None = None) -> float:
         """exp of the mean negative log-likelihood of the scored tokens (token_logprobs)."""
