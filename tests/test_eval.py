@@ -132,3 +132,33 @@ def test_under_a_memory_limit_each_configuration_runs_and_is_timed_in_its_own_pr
                                   n_threads=1, memory_limit_bytes=4 << 20, progress=False)
     assert all("error" in r for r in report["configurations"])
     assert "## Failed configurations" in (tmp_path / "tight" / "results.md").read_text()
+
+
+def test_frontier_keeps_the_non_dominated_points():
+    from selectinfer.eval_report import frontier
+
+    # x = memory (lower better), y = accuracy (higher better)
+    pts = [(100, 0.5), (80, 0.5), (120, 0.9), (90, 0.3), (80, 0.6)]
+    assert frontier(pts, True, False) == [4, 2]  # (80, 0.6) dominates (80, 0.5), (100, 0.5), (90, 0.3)
+    # y = perplexity (lower better), x = speed (higher better)
+    assert frontier([(10, 50.0), (20, 60.0), (15, 40.0)], False, True) == [2, 1]
+
+
+@needs_cgroups
+def test_a_model_larger_than_the_limit_is_paged_from_its_file_not_killed(tiny_model, tmp_path):
+    from selectinfer.synthetic import make_model
+
+    # FFN weights of 3 x 3 x 64 x 90112 F32: a 200 MiB file, run in a cgroup 80 MiB above what the
+    # process needs besides it: its weights must be read from the file again and again (offloading)
+    big = tmp_path / "big.gguf"
+    make_model(big, "tiny-llama", weight_type="F32", seed=4, n_ff=90112, n_layer=3)
+    speed = {"n_prompt": 8, "n_gen": 4, "rounds": 1}
+    small = evaluate.run_in_child(evaluate.RunRequest(evaluate.Config("small", "original", str(tiny_model())), [], 0, 1,
+                                                      256, speed, 1 << 30), tmp_path)
+    limit = small["_cgroup_peak_bytes"] + (80 << 20)
+    assert big.stat().st_size > limit - small["_cgroup_peak_bytes"] + (100 << 20)
+    rec = evaluate.run_in_child(evaluate.RunRequest(evaluate.Config("big", "original", str(big)), [], 0, 1, 256,
+                                                    speed, limit), tmp_path)
+    assert "_error" not in rec, rec
+    assert rec["_speed"]["decode_tokens_per_s"] > 0
+    assert rec["_cgroup_peak_bytes"] <= limit

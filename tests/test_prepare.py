@@ -23,9 +23,9 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def wide_model(tmp_path_factory):
-    # FFN weights (3 x 3 x 64 x 6144 F32: 14 MiB) large enough against a process's RSS noise
+    # FFN weights (3 x 3 x 256 x 4096 F32: 36 MiB) large against the compute buffers and RSS noise
     path = tmp_path_factory.mktemp("prepare") / "wide.gguf"
-    make_model(path, "tiny-llama", weight_type="F32", seed=1, n_ff=6144, n_layer=3)
+    make_model(path, "tiny-llama", weight_type="F32", seed=1, n_embd=256, n_ff=4096, n_layer=3)
     return path
 
 
@@ -48,11 +48,11 @@ def test_prepare_at_a_load_ratio(tiny_model, cache, tmp_path):
 
 def test_prepare_to_a_memory_budget(wide_model, cache, tmp_path):
     original_peak = prepare.measure_peak_rss(wide_model, 256, 1)
-    ffn_bytes = 3 * 3 * 64 * 6144 * 4
+    ffn_bytes = 3 * 3 * 256 * 4096 * 4
     budget = original_peak - ffn_bytes // 3  # a third of the FFN weights must go
     r = prepare.prepare(wide_model, tmp_path / "fit.gguf", task="text", memory_budget=str(budget), layers="0:3",
                         dataset_specs=[cache], max_prompts=3, max_new_tokens=4, n_ctx=256, n_threads=1, progress=False)
-    assert r.peak_rss_bytes <= budget == r.budget_bytes
+    assert 0.98 * budget <= r.peak_rss_bytes <= budget == r.budget_bytes
     assert 0.3 <= r.load_ratio < 0.9
     assert prepare.measure_peak_rss(r.path, 256, 1) <= budget + (1 << 20)  # measured again: it fits (1 MiB noise)
 

@@ -100,12 +100,24 @@ def _cmd_models(args: argparse.Namespace) -> None:
         print(f"{m.name:16s} {m.package}=={m.version}  {m.description} ({m.license})")
 
 
+# selectinfer eval's grid: the full run (the README's) and --quick (a few minutes on 2 cores)
+EVAL_FULL = {"n": 40, "gammas": [0.5, 0.7, 0.9], "phis": [0.3, 0.4, 0.5], "select_by": ["value", "magnitude"],
+             "quants": ["F16", "Q8_0", "Q4_0", "Q4_K_M"], "si_quants": ["Q4_0", "Q8_0"], "speed_rounds": 3,
+             "profile_prompts": 40}
+EVAL_QUICK = {"n": 10, "gammas": [0.7], "phis": [0.4], "select_by": ["value"], "quants": ["Q4_0"], "si_quants": [],
+              "speed_rounds": 1, "profile_prompts": 10}
+
+
 def _cmd_eval(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from .convert import parse_size
     from .evaluate import run_eval
 
+    preset = EVAL_QUICK if args.quick else EVAL_FULL
+    for name, value in preset.items():  # what the command line leaves open, the mode decides
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     source = Path(args.model) if Path(args.model).is_file() else registry.pull(args.model, quiet=True)
     tasks = [] if args.speed_only else args.tasks
     profile = None
@@ -120,6 +132,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         select_by=args.select_by, quants=args.quants, si_quants=args.si_quants, baselines=not args.no_baselines,
         tasks=tasks, n=args.n, n_threads=args.threads, speed_rounds=args.speed_rounds, n_prompt=args.n_prompt,
         n_gen=args.n_gen, memory_limit_bytes=parse_size(args.memory_limit) if args.memory_limit else None,
+        repack=not args.no_repack,
         command="selectinfer " + " ".join(sys.argv[1:]))
     for path in written:
         print(path)
@@ -276,21 +289,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", nargs="*", default=["qa", "translation", "summarization", "text"],
                    help="tasks on the built-in eval splits (default: all)")
     p.add_argument("--speed-only", action="store_true", help="no tasks: speed and memory (random-weight models)")
-    p.add_argument("-n", "--n", type=int, default=50, help="examples per task (default 50)")
+    p.add_argument("--quick", action="store_true",
+                   help="a small grid: n 10, gamma 0.7, phi 0.4 by value, Q4_0, one speed round (a few minutes)")
+    p.add_argument("-n", "--n", type=int, help="examples per task (default 40; --quick 10)")
     p.add_argument("--profile", help="profile of the model (default: the one `selectinfer prepare` makes, cached)")
     p.add_argument("--profile-task", default="qa", help="task whose ranking gives the static neurons (default qa)")
-    p.add_argument("--profile-prompts", type=int, default=40, help="prompts per dataset when profiling (default 40)")
-    p.add_argument("--gammas", type=float, nargs="+", default=[0.5, 0.7, 0.9], help="load ratios")
-    p.add_argument("--phis", type=float, nargs="+", default=[0.3, 0.4, 0.5], help="compute ratios within [delta, gamma]")
-    p.add_argument("--select-by", nargs="+", choices=["value", "magnitude"], default=["value", "magnitude"])
-    p.add_argument("--quants", nargs="*", default=["F16", "Q8_0", "Q4_0", "Q4_K_M"], help="quantized baselines")
-    p.add_argument("--si-quants", nargs="*", default=["Q4_0", "Q8_0"],
-                   help="also SelectInfer files made from these quantized baselines (middle gamma)")
+    p.add_argument("--profile-prompts", type=int, help="prompts per dataset when profiling (default 40; --quick 10)")
+    p.add_argument("--gammas", type=float, nargs="+", help="load ratios (default 0.5 0.7 0.9; --quick 0.7)")
+    p.add_argument("--phis", type=float, nargs="+",
+                   help="compute ratios within [delta, gamma] (default 0.3 0.4 0.5; --quick 0.4)")
+    p.add_argument("--select-by", nargs="+", choices=["value", "magnitude"],
+                   help="default value and magnitude; --quick value")
+    p.add_argument("--quants", nargs="*", help="quantized baselines (default F16 Q8_0 Q4_0 Q4_K_M; --quick Q4_0)")
+    p.add_argument("--si-quants", nargs="*",
+                   help="also SelectInfer files made from these quantized baselines at the middle gamma "
+                        "(default Q4_0 Q8_0; --quick none)")
     p.add_argument("--no-baselines", action="store_true", help="no CoreInfer and random-loading configurations")
-    p.add_argument("--speed-rounds", type=int, default=3, help="speed rounds (0: no speed)")
+    p.add_argument("--speed-rounds", type=int, help="speed rounds, 0: no speed (default 3; --quick 1)")
     p.add_argument("--memory-limit", metavar="SIZE",
                    help="run every configuration as on a device with SIZE of memory (cgroup; see `selectinfer "
                         "limit`): a model larger than SIZE runs from disk (offloading)")
+    p.add_argument("--no-repack", action="store_true",
+                   help="no weight repacking (its copies are anonymous memory, which --memory-limit cannot page out)")
     p.add_argument("-p", "--n-prompt", type=int, default=64)
     p.add_argument("--n-gen", type=int, default=32)
     p.add_argument("-t", "--threads", type=int, default=0)

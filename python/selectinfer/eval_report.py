@@ -40,6 +40,8 @@ def markdown(report: dict) -> str:
                else "each configuration in its own process")
         lines += [f"Speed: {speed['n_prompt']}-token prompt, {speed['n_gen']} decoded tokens, medians of "
                   f"{speed['rounds']} rounds, {how}.", ""]
+    if not meta.get("repack", True):
+        lines += ["Weight repacking off in every configuration (every weight stays in the mapped file).", ""]
     if limit:
         lines += [f"Every configuration ran under a memory limit of {limit / MIB:.0f} MiB (a cgroup around its "
                   "process, its file evicted from the page cache first): one larger than the limit runs from "
@@ -78,8 +80,32 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def lower_is_better(metric: str) -> bool:
+    return metric.endswith("perplexity")
+
+
+def frontier(points: list[tuple[float, float]], x_lower_better: bool, y_lower_better: bool) -> list[int]:
+    """Indices of the non-dominated points (no other point is at least as good on both axes and
+    better on one), in order of x."""
+    def better_eq(a, b, lower):
+        return a <= b if lower else a >= b
+
+    def strictly(a, b, lower):
+        return a < b if lower else a > b
+
+    keep = []
+    for i, (x, y) in enumerate(points):
+        dominated = any(better_eq(x2, x, x_lower_better) and better_eq(y2, y, y_lower_better)
+                        and (strictly(x2, x, x_lower_better) or strictly(y2, y, y_lower_better))
+                        for j, (x2, y2) in enumerate(points) if j != i)
+        if not dominated:
+            keep.append(i)
+    return sorted(keep, key=lambda i: points[i][0])
+
+
 def plot(report: dict, out_dir: Path) -> list[Path]:
-    """One PNG per metric against bytes read per token and against peak RSS, and decode speed."""
+    """Per metric: against peak memory, against decode speed (the non-dominated configurations
+    joined: the frontier) and against weight bytes read per token; and decode speed against bytes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -89,20 +115,26 @@ def plot(report: dict, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
 
-    def scatter(name: str, ylabel: str, xkey: str, xlabel: str, value, err=None) -> None:
+    def scatter(name: str, ylabel: str, x, xlabel: str, value, err=None, x_lower_better=True,
+                y_lower_better=False) -> None:
+        pts = [r for r in rows if x(r) and value(r) is not None]
+        if not pts:
+            return
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for family, (color, marker) in FAMILY_STYLE.items():
-            pts = [r for r in rows if r["family"] == family and r.get(xkey) and value(r) is not None]
-            if not pts:
+            fam = [r for r in pts if r["family"] == family]
+            if not fam:
                 continue
-            xs = [r[xkey] / MIB for r in pts]
-            ys = [value(r) for r in pts]
             yerr = None
             if err is not None:
-                yerr = [[value(r) - err(r)[0] for r in pts], [err(r)[1] - value(r) for r in pts]]
-            ax.errorbar(xs, ys, yerr=yerr, fmt=marker, color=color, label=family, capsize=3)
+                yerr = [[value(r) - err(r)[0] for r in fam], [err(r)[1] - value(r) for r in fam]]
+            ax.errorbar([x(r) for r in fam], [value(r) for r in fam], yerr=yerr, fmt=marker, color=color,
+                        label=family, capsize=3)
+        best = frontier([(x(r), value(r)) for r in pts], x_lower_better, y_lower_better)
+        ax.plot([x(pts[i]) for i in best], [value(pts[i]) for i in best], "--", color="tab:orange", lw=1,
+                label="frontier (not dominated)")
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
+        ax.set_ylabel(ylabel + (" (lower is better)" if y_lower_better else ""))
         ax.set_title(f"{report['meta']['source']}: {ylabel}", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -112,15 +144,18 @@ def plot(report: dict, out_dir: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
 
-    keys = list(report["configurations"][0].get("accuracy", {}))
-    for key in keys:
+    memory = lambda r: (r.get("peak_rss_bytes") or 0) / MIB  # noqa: E731
+    read = lambda r: r["read_bytes_per_token"] / MIB  # noqa: E731
+    decode = lambda r: r.get("decode_tokens_per_s")  # noqa: E731
+    for key in report["configurations"][0].get("accuracy", {}):
         value = lambda r, k=key: r.get("accuracy", {}).get(k, {}).get("value")  # noqa: E731
         err = lambda r, k=key: (r["accuracy"][k]["low"], r["accuracy"][k]["high"])  # noqa: E731
-        scatter(f"{key}_vs_bytes_read", key, "read_bytes_per_token", "weight MiB read per decoded token", value, err)
-        scatter(f"{key}_vs_peak_rss", key, "peak_rss_bytes", "peak RSS MiB", value, err)
-    if any(r.get("decode_tokens_per_s") for r in rows):
-        scatter("decode_speed_vs_bytes_read", "decode tokens/s", "read_bytes_per_token",
-                "weight MiB read per decoded token", lambda r: r.get("decode_tokens_per_s"))
+        low = lower_is_better(key)
+        scatter(f"{key}_vs_peak_rss", key, memory, "peak RSS MiB", value, err, True, low)
+        scatter(f"{key}_vs_decode_speed", key, decode, "decode tokens/s", value, err, False, low)
+        scatter(f"{key}_vs_bytes_read", key, read, "weight MiB read per decoded token", value, err, True, low)
+    scatter("decode_speed_vs_bytes_read", "decode tokens/s", read, "weight MiB read per decoded token", decode,
+            x_lower_better=True, y_lower_better=False)
     return written
 
 

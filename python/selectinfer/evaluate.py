@@ -39,6 +39,7 @@ TASKS = {
     "text": ("botchan", None),
 }
 QUANT_TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K_M")
+FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
 @dataclass
@@ -100,20 +101,15 @@ def build_configs(source: Path, out_dir: Path, *, profile: Path | None, task: st
     source_type = file_type_name(source)
     inputs = [source] + ([profile] if profile else [])
     configs = [Config(f"{source.stem} (original)", "original", str(source), {}, source_type)]
-    quantized = {}
-    f16 = None
+
+    def quantized(qtype: str) -> Path:
+        # a quantized source is widened to F16 first, and every other type made from that
+        base = source if qtype == "F16" or source_type in FLOAT_TYPES else quantized("F16")
+        return _made(models / f"{source.stem}.{qtype}.gguf", lambda p: quantize(base, p, qtype), [base])
+
     for qtype in quants:
-        if qtype == source_type:
-            continue
-        if qtype != "F16" and f16 is None and source_type not in ("F16", "F32", "BF16"):
-            f16 = _made(models / f"{source.stem}.F16.gguf", lambda p: quantize(source, p, "F16"), [source])
-        base = source if source_type in ("F16", "F32", "BF16") else (f16 or source)
-        if qtype == "F16":
-            f16 = path = _made(models / f"{source.stem}.F16.gguf", lambda p: quantize(source, p, "F16"), [source])
-        else:
-            path = _made(models / f"{source.stem}.{qtype}.gguf", lambda p, b=base, q=qtype: quantize(b, p, q), [base])
-        quantized[qtype] = path
-        configs.append(Config(f"{path.stem}", "quantized", str(path), {}, qtype))
+        if qtype != source_type:
+            configs.append(Config(quantized(qtype).stem, "quantized", str(quantized(qtype)), {}, qtype))
 
     def si_file(base: Path, gamma: float, static: float, ranking: str, tag: str) -> Path:
         def make(p: Path) -> None:
@@ -128,9 +124,9 @@ def build_configs(source: Path, out_dir: Path, *, profile: Path | None, task: st
         configs += selectinfer_configs(path, "selectinfer", gamma, delta, phis, select_by, source_type)
     mid_gamma = sorted(gammas)[len(gammas) // 2]
     for qtype in si_quants:
-        if qtype not in quantized:
-            continue
-        path = si_file(quantized[qtype], mid_gamma, delta, ranking, f"si{round(100 * mid_gamma)}")
+        if qtype == source_type:
+            continue  # the main grid
+        path = si_file(quantized(qtype), mid_gamma, delta, ranking, f"si{round(100 * mid_gamma)}")
         configs += selectinfer_configs(path, "selectinfer", mid_gamma, delta, phis, select_by[:1], qtype)
     if baselines:
         path = si_file(source, 1.0, 0.0, ranking, "coreinfer")
@@ -252,8 +248,7 @@ def _statistics(task: str, records: dict, examples: list[dict], reference_output
     if task == "translation":
         hyps = [metrics.answer_span(o) for o in outputs]
         refs = [ex["reference"] for ex in examples]
-        return {"bleu": lambda idx: metrics.bleu([hyps[i] for i in idx], [refs[i] for i in idx]),
-                "chrf": lambda idx: metrics.chrf([hyps[i] for i in idx], [refs[i] for i in idx])}
+        return {kind: metrics.corpus_statistic(kind, hyps, refs) for kind in ("bleu", "chrf")}
     if task == "summarization":
         out = {}
         if all("reference" in ex for ex in examples):
@@ -332,7 +327,7 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
              gammas=(0.5, 0.7, 0.9), phis=(0.3, 0.4, 0.5), select_by=("value", "magnitude"), quants=QUANT_TYPES,
              si_quants=("Q4_0", "Q8_0"), baselines: bool = True, tasks=tuple(TASKS), n: int = 50, n_threads: int = 0,
              speed_rounds: int = 3, n_prompt: int = 64, n_gen: int = 32, n_bootstrap: int = metrics.N_BOOTSTRAP,
-             n_ctx: int = 2048, memory_limit_bytes: int | None = None, command: str = "",
+             n_ctx: int = 2048, memory_limit_bytes: int | None = None, repack: bool = True, command: str = "",
              progress: bool = True) -> tuple[dict, list[Path]]:
     """Builds the grid's files, runs every configuration in a child process of its own (tasks; speed
     too where it is not interleaved), the interleaved speed rounds, and writes the report; returns
@@ -342,7 +337,8 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
     files fit in half the RAM together; otherwise, and always under memory_limit_bytes (each
     configuration as on a device with that much memory: cgroup, its file evicted from the page
     cache first; one larger than the limit runs from disk, llama.cpp's mmap offloading), each
-    configuration's child times its own rounds."""
+    configuration's child times its own rounds. repack=False keeps every weight in the mapped file
+    (ggml's repacked copies are anonymous memory, which a memory limit cannot page out)."""
     from tqdm import tqdm
 
     from .eval_report import write_report
@@ -358,6 +354,9 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
     configs = build_configs(source, out_dir, profile=profile, task=task, gammas=list(gammas), phis=list(phis),
                             select_by=list(select_by), quants=list(quants), si_quants=list(si_quants),
                             baselines=baselines, progress=progress)
+    if not repack:
+        for c in configs:
+            c.model_kwargs["repack"] = False
     total_bytes = sum(Path(p).stat().st_size for p in {c.path for c in configs})
     interleaved = speed_rounds > 0 and memory_limit_bytes is None and total_bytes < _ram_bytes() // 2
     speed = ({"n_prompt": n_prompt, "n_gen": n_gen, "rounds": speed_rounds}
@@ -382,7 +381,7 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
     report = {"meta": {"source": source.name, "cpu": cpu_description(), "threads": n_threads or os.cpu_count(),
                        "command": command, "tasks": list(tasks), "n": n, "n_bootstrap": n_bootstrap,
                        "profile": str(profile) if profile else None, "profile_task": task,
-                       "memory_limit_bytes": memory_limit_bytes,
+                       "memory_limit_bytes": memory_limit_bytes, "repack": repack,
                        "speed": {"rounds": speed_rounds, "n_prompt": n_prompt, "n_gen": n_gen,
                                  "mode": "interleaved" if interleaved else "per process" if speed else "none"}},
               "configurations": rows}

@@ -5,8 +5,10 @@ A budget means what a user means by it: the peak resident memory of a process th
 SelectInfer file, with its KV cache at the chosen context size, evaluates a prompt and decodes.
 The weights' share is found by measuring: the original's peak minus its weights gives the rest
 (KV cache, compute buffers, the runtime), the largest gamma whose weights fit the remainder is
-converted, and the result is measured again; if it is over (the rest grows with the file's
-layout), the weights' share shrinks by the excess and the file is converted again.
+converted, and the result is measured again; if it is over (the compute buffers grow with the
+loaded neurons) or more than 2% under, the weights' share moves along the measured slope of the
+peak in the file's size and the file is converted again (a few rounds; the largest file that
+fitted is kept).
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from pathlib import Path
 
 from .paths import cache_dir, sha256_file
 
-MAX_FIT_ROUNDS = 3
+MAX_FIT_ROUNDS = 5
+CLOSE_BELOW = 0.02  # a fitted process peaks within 2% below the budget, where the file's steps allow
 
 
 def cached_profile(model_path: str | os.PathLike, dataset_specs: list[str] | None = None, *, max_prompts: int = 40,
@@ -94,20 +97,33 @@ def prepare(model_path: str | os.PathLike, output: str | os.PathLike, *, task: s
     n_ff, n_layer = int(src.get(f"{arch}.feed_forward_length")), int(src.get(f"{arch}.block_count"))
     layer_range = parse_layers(layers, n_layer)
     rest = measure_peak_rss(model_path, n_ctx, n_threads) - model_path.stat().st_size  # KV, buffers, runtime
-    weights_budget = budget - rest
+    target = int((1 - CLOSE_BELOW / 2) * budget)
+    weights_budget = target - rest
+    trials = []  # (file bytes, measured peak): the peak's slope in the file's size, from the last two
+    best, written = None, None  # (gamma, peak) of the largest file that fitted; the gamma on disk
     for _ in range(MAX_FIT_ROUNDS):
-        if weights_budget <= 0:
-            break
         try:
             gamma = fit_load_ratio(src, layer_range, n_ff, static_ratio, weights_budget)
         except ConvertError:
             break
+        if gamma == written or (best is not None and gamma <= best[0] and trials[-1][1] <= budget):
+            break  # nothing new to try
         write(gamma)
-        peak = measure_peak_rss(output, n_ctx, n_threads)
-        if peak <= budget:
-            return Prepared(output, profile, gamma, output.stat().st_size, peak, budget)
-        weights_budget -= peak - budget + budget // 100  # over by that much: take it off the weights, and 1%
-    output.unlink(missing_ok=True)
-    raise ConvertError(f"no load ratio fits {budget / 2**20:.0f} MiB at a context of {n_ctx} tokens: besides the "
-                       f"weights, the process needs about {rest / 2**20:.0f} MiB (KV cache, buffers, runtime); "
-                       "give a larger budget, a smaller --ctx-size, or a lower --static-ratio")
+        written, peak = gamma, measure_peak_rss(output, n_ctx, n_threads)
+        trials.append((output.stat().st_size, peak))
+        if peak <= budget and (best is None or gamma > best[0]):
+            best = (gamma, peak)
+        if budget >= peak >= (1 - CLOSE_BELOW) * budget or (peak <= budget and gamma >= 1.0):
+            break
+        # compute buffers grow with the loaded neurons too: follow the measured slope (1 at first)
+        (w0, p0), (w1, p1) = trials[-2] if len(trials) > 1 else (0, 0), trials[-1]
+        slope = (p1 - p0) / (w1 - w0) if len(trials) > 1 and w1 != w0 and p1 > p0 else 1.0
+        weights_budget = int(w1 + (target - p1) / slope)
+    if best is None:
+        output.unlink(missing_ok=True)
+        raise ConvertError(f"no load ratio fits {budget / 2**20:.0f} MiB at a context of {n_ctx} tokens: besides "
+                           f"the weights, the process needs about {rest / 2**20:.0f} MiB (KV cache, buffers, "
+                           "runtime); give a larger budget, a smaller --ctx-size, or a lower --static-ratio")
+    if written != best[0]:
+        write(best[0])
+    return Prepared(output, profile, best[0], output.stat().st_size, best[1], budget)
