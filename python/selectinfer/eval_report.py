@@ -38,8 +38,8 @@ def markdown(report: dict) -> str:
     if speed["mode"] != "none":
         how = ("every configuration loaded side by side, interleaved rounds" if speed["mode"] == "interleaved"
                else "each configuration in its own process")
-        lines += [f"Speed: {speed['n_prompt']}-token prompt, {speed['n_gen']} decoded tokens, medians of "
-                  f"{speed['rounds']} rounds, {how}.", ""]
+        rounds = f"medians of {speed['rounds']} rounds" if speed["rounds"] > 1 else "one round"
+        lines += [f"Speed: {speed['n_prompt']}-token prompt, {speed['n_gen']} decoded tokens, {rounds}, {how}.", ""]
     if not meta.get("repack", True):
         lines += ["Weight repacking off in every configuration (every weight stays in the mapped file).", ""]
     if limit:

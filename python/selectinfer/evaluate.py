@@ -59,11 +59,16 @@ def file_type_name(path: str | os.PathLike) -> str:
     """The weight type a GGUF declares (general.file_type), e.g. Q4_1, Q4_K_M, F16."""
     from gguf import LlamaFileType
 
-    kv = _native.read_gguf_header(str(path))["kv"]
+    header = _native.read_gguf_header(str(path))
     try:
-        return LlamaFileType(int(kv["general.file_type"])).name.removeprefix("MOSTLY_").removeprefix("ALL_")
-    except (KeyError, ValueError):
-        return "?"
+        return LlamaFileType(int(header["kv"]["general.file_type"])).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except (KeyError, ValueError):  # not declared: the type of the most weight bytes
+        from gguf import GGMLQuantizationType
+
+        by_type: dict[int, int] = {}
+        for t in header["tensors"]:
+            by_type[t["type"]] = by_type.get(t["type"], 0) + t["nbytes"]
+        return GGMLQuantizationType(max(by_type, key=by_type.get)).name if by_type else "?"
 
 
 def _made(path: Path, make, inputs: list[Path]) -> Path:
