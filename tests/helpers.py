@@ -1,6 +1,7 @@
 """Helpers the tests share (the fixtures that use them are in conftest.py)."""
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import struct
@@ -97,7 +98,8 @@ def write_gguf(path, fields: dict, tensors: list[dict]) -> Path:
     return Path(path)
 
 
-def limits_allowed() -> str | None:
+@functools.cache
+def why_no_memory_limits() -> str | None:
     """None when this machine lets the tests limit a child's memory (cgroup), else why not."""
     from selectinfer.memlimit import MemoryLimitError, run_limited
 
@@ -108,5 +110,32 @@ def limits_allowed() -> str | None:
     return None
 
 
-_WHY_NO_LIMITS = limits_allowed()
-needs_cgroups = pytest.mark.skipif(_WHY_NO_LIMITS is not None, reason=f"cannot limit memory here: {_WHY_NO_LIMITS}")
+def needs_cgroups(test):
+    """Skips the test, saying why, where the machine does not let it limit a child's memory
+    (asked when the test runs, not when a module imports this one)."""
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        reason = why_no_memory_limits()
+        if reason is not None:
+            pytest.skip(f"cannot limit memory here: {reason}")
+        return test(*args, **kwargs)
+    return run
+
+
+def stored_rows(type_name: str, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """F32 rows stored as `type_name` (ggml's quantizer; F16 by numpy) and the float64 values the
+    stored rows hold (gguf-py's dequantization): the op and kernel tests' reference weights."""
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import dequantize
+
+    from selectinfer import _native
+
+    qtype = T[type_name]
+    if qtype == T.F32:
+        raw = values
+    elif qtype == T.F16:
+        raw = values.astype(np.float16)
+    else:
+        raw = _native.quantize_rows(int(qtype), values)
+    stored = raw if qtype in (T.F32, T.F16) else dequantize(raw, qtype)
+    return raw, np.asarray(stored, dtype=np.float64).reshape(values.shape)

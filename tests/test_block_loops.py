@@ -13,9 +13,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
-from gguf.quants import dequantize
-
-from selectinfer import _native
+from helpers import stored_rows
 
 REPO = Path(__file__).resolve().parents[1]
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]  # GGML_SI_FUSED_TYPES
@@ -75,20 +73,6 @@ def run_level(program, type_name, raw, n_rows, n_cols, v, x):
     return out[:n_rows * n_cols].reshape(n_rows, n_cols), out[n_rows * n_cols:-n_rows], out[-n_rows:]
 
 
-def random_rows(type_name, n_rows, n_cols, rng):
-    """Rows stored as type_name (ggml's quantizer) and the values they hold (gguf-py)."""
-    values = rng.standard_normal((n_rows, n_cols)).astype(np.float32)
-    qtype = T[type_name]
-    if qtype == T.F32:
-        raw = values
-    elif qtype == T.F16:
-        raw = values.astype(np.float16)
-    else:
-        raw = _native.quantize_rows(int(qtype), values)
-    stored = values if qtype == T.F32 else np.asarray(dequantize(raw, qtype), dtype=np.float32)
-    return raw.tobytes(), stored.reshape(n_rows, n_cols).astype(np.float64)
-
-
 def test_every_level_this_cpu_runs_is_checked(builds):
     # x86-64 and SSE4.2 run everywhere the engine does; AVX2 on every CPU it is tuned for
     assert {"x86-64", "sse4.2"} <= set(builds)
@@ -99,7 +83,8 @@ def test_block_loops_at_every_level(builds, type_name):
     rng = np.random.default_rng(7)
     block = GGML_QUANT_SIZES[T[type_name]][0]
     n_rows, n_cols = 11, 2 * max(block, 32) + (0 if block > 32 else 64)  # a partial group of rows
-    raw, stored = random_rows(type_name, n_rows, n_cols, rng)
+    raw, stored = stored_rows(type_name, rng.standard_normal((n_rows, n_cols)).astype(np.float32))
+    raw = raw.tobytes()
     v, x = rng.standard_normal(n_rows), rng.standard_normal(n_cols)
     expected_sum = x + v @ stored
     expected_dots = stored @ x

@@ -3,8 +3,7 @@ every supported weight type, odd sizes, 1 and several threads (like upstream's t
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from gguf.quants import dequantize
-
+from helpers import stored_rows
 from reference import reference_choose, reference_count, reference_select
 
 from selectinfer import _native
@@ -19,17 +18,9 @@ BOUND = {t: 1e-5 if t == "F32" else 5e-3 if t == "F16" else 2e-2 for t in TYPES}
 
 def weights(type_name, rows, cols, seed):
     """A weight matrix stored as `type_name` and the float64 values it holds (dequantized by gguf-py)."""
-    rng = np.random.default_rng(seed)
-    values = rng.standard_normal((rows, cols)).astype(np.float32)
-    qtype = T[type_name]
-    if qtype == T.F32:
-        raw = values
-    elif qtype == T.F16:
-        raw = values.astype(np.float16)
-    else:
-        raw = _native.quantize_rows(int(qtype), values)
-    stored = np.asarray(dequantize(raw, qtype) if qtype not in (T.F32, T.F16) else raw, dtype=np.float64)
-    return (int(qtype), [cols, rows], raw.tobytes()), stored.reshape(rows, cols)
+    values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    raw, stored = stored_rows(type_name, values)
+    return (int(T[type_name]), [cols, rows], raw.tobytes()), stored
 
 
 def f32(a):

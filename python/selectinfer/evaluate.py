@@ -330,7 +330,7 @@ def _ram_bytes() -> int:
 
 def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: str = "qa",
              gammas=(0.5, 0.7, 0.9), phis=(0.3, 0.4, 0.5), select_by=("value", "magnitude"), quants=QUANT_TYPES,
-             si_quants=("Q4_0", "Q8_0"), baselines: bool = True, tasks=tuple(TASKS), n: int = 50, n_threads: int = 0,
+             si_quants=("Q4_0", "Q8_0"), baselines: bool = True, tasks=tuple(TASKS), n: int = 40, n_threads: int = 0,
              speed_rounds: int = 3, n_prompt: int = 64, n_gen: int = 32, n_bootstrap: int = metrics.N_BOOTSTRAP,
              n_ctx: int = 2048, memory_limit_bytes: int | None = None, repack: bool = True, command: str = "",
              progress: bool = True) -> tuple[dict, list[Path]]:
