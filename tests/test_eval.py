@@ -162,3 +162,19 @@ def test_a_model_larger_than_the_limit_is_paged_from_its_file_not_killed(tiny_mo
     assert "_error" not in rec, rec
     assert rec["_speed"]["decode_tokens_per_s"] > 0
     assert rec["_cgroup_peak_bytes"] <= limit
+
+
+def test_quick_run_on_the_default_model(default_model, selectinfer_cmd, tmp_path):
+    # the everyday command end to end: profile (cached), files, tasks, speed, report
+    r = selectinfer_cmd("eval", default_model, "--quick", "-o", tmp_path, "-t", "2", timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads((tmp_path / "results.json").read_text())
+    rows = report["configurations"]
+    assert [r["family"] for r in rows] == ["original", "quantized", "selectinfer", "selectinfer", "coreinfer",
+                                          "random", "random"]
+    assert all("error" not in r and r["decode_tokens_per_s"] > 0 for r in rows)
+    assert report["meta"]["n"] == 10 and report["meta"]["speed"]["mode"] == "interleaved"
+    # the original answers some capitals; random loading at phi 0.4 is far worse at continuing text
+    assert rows[0]["accuracy"]["qa.contains"]["value"] > 0
+    assert rows[-1]["accuracy"]["text.perplexity"]["value"] > 2 * rows[0]["accuracy"]["text.perplexity"]["value"]
+    assert "## Paired difference" in (tmp_path / "results.md").read_text()
