@@ -271,24 +271,24 @@ def score(configs: list[Config], records: list[dict], tasks: list[str], n: int,
     """Per configuration and task: every metric with its interval, and its paired difference against
     the first configuration (the original model) on the same examples and resamples."""
     base = records[0]
-    results = []
-    for config, rec in zip(configs, records):
-        entry = {"accuracy": {}, "vs_original": {}}
-        for task in tasks:
-            if "_error" in rec or "_error" in base:
+    results = [{"accuracy": {}, "vs_original": {}} for _ in configs]
+    if "_error" in base:
+        return results
+    for task in tasks:  # the examples, resamples and the original's statistics once per task
+        examples = task_examples(task, n)
+        draws = metrics.resamples(len(examples), n_bootstrap)
+        ref_outputs = base[task].get("outputs") if task == "summarization" else None
+        theirs = _statistics(task, base[task], examples, ref_outputs)
+        for i, (rec, entry) in enumerate(zip(records, results)):
+            if "_error" in rec:
                 continue
-            examples = task_examples(task, n)
-            draws = metrics.resamples(len(examples), n_bootstrap)
-            ref_outputs = base[task].get("outputs") if task == "summarization" else None
-            mine = _statistics(task, rec[task], examples, ref_outputs)
-            theirs = _statistics(task, base[task], examples, ref_outputs)
+            mine = theirs if i == 0 else _statistics(task, rec[task], examples, ref_outputs)
             for name, stat in mine.items():
                 key = f"{task}.{name}"
                 entry["accuracy"][key] = metrics.bootstrap(stat, len(examples), draws).as_dict()
-                if config is not configs[0] and name in theirs:
+                if i > 0 and name in theirs:
                     entry["vs_original"][key] = metrics.paired_difference(theirs[name], stat, len(examples),
                                                                           draws).as_dict()
-        results.append(entry)
     return results
 
 
@@ -300,11 +300,13 @@ def read_bytes(config: Config) -> int:
     return bytes_read_per_token(config.path, config.phi)
 
 
-def measure_speed(configs: list[Config], n_prompt: int, n_gen: int, rounds: int, n_threads: int) -> list[dict]:
-    """Prefill and decode tokens/s of every configuration, loaded side by side, interleaved rounds (medians)."""
+def measure_speed(configs: list[Config], read: list[int], n_prompt: int, n_gen: int, rounds: int,
+                  n_threads: int) -> list[dict]:
+    """Prefill and decode tokens/s of every configuration (read: its bytes read per token), loaded
+    side by side, interleaved rounds (medians)."""
     from .bench import BenchConfig, run_configs
 
-    bench = [BenchConfig(c.label, c.path, c.model_kwargs, read_bytes(c)) for c in configs]
+    bench = [BenchConfig(c.label, c.path, c.model_kwargs, r) for c, r in zip(configs, read)]
     results = run_configs(bench, n_prompt=n_prompt, n_gen=n_gen, repeats=rounds, n_threads=n_threads)
     return [{"prefill_tokens_per_s": r.prefill_median, "decode_tokens_per_s": r.decode_median} for r in results]
 
@@ -373,12 +375,13 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
         req = RunRequest(config, list(tasks), n, n_threads, n_ctx, speed, memory_limit_bytes)
         records.append(run_in_child(req, runs) if tasks or speed or memory_limit_bytes else {})
     scores = score(configs, records, list(tasks), n, n_bootstrap) if tasks else [{} for _ in configs]
-    speeds = (measure_speed(configs, n_prompt, n_gen, speed_rounds, n_threads) if interleaved
+    read = [read_bytes(c) for c in configs]
+    speeds = (measure_speed(configs, read, n_prompt, n_gen, speed_rounds, n_threads) if interleaved
               else [rec.get("_speed", {}) for rec in records])
     rows = []
-    for config, rec, sc, sp in zip(configs, records, scores, speeds):
+    for config, rec, sc, sp, r in zip(configs, records, scores, speeds, read):
         row = {**asdict(config), "model_bytes": Path(config.path).stat().st_size,
-               "read_bytes_per_token": read_bytes(config), "peak_rss_bytes": rec.get("_peak_rss_bytes"),
+               "read_bytes_per_token": r, "peak_rss_bytes": rec.get("_peak_rss_bytes"),
                "cgroup_peak_bytes": rec.get("_cgroup_peak_bytes"), **sp, **sc}
         if "_error" in rec:
             row["error"] = rec["_error"]
