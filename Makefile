@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 PROMPT ?= The capital of France is
 
-.PHONY: demo test test-asan test-portable test-aarch64 test-dl install install-test upstream dev clean
+.PHONY: demo test test-asan test-portable test-aarch64 test-dl test-cuda-compile install install-test upstream dev clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -68,9 +68,15 @@ test-dl: $(PY)
 	PY=$(PY) scripts/test_variant.sh dl
 	PY=$(PY) scripts/check_all_variants.sh
 
+# Every CUDA file we add or patch (our kernels, ggml-cuda's patched dispatch) compiled for sm_87
+# and sm_90 without a GPU: nvcc from the PATH, else NVIDIA's PyPI wheels (cached). The kernels run
+# on a GPU machine only: scripts/device_check.sh.
+test-cuda-compile: $(PY)
+	PY=$(PY) scripts/cuda_compile_check.sh
+
 # Developer loop: editable install with the build tree kept in build/; rerun after editing cpp/.
 dev: $(PY)
-	$(PY) -m pip install -q scikit-build-core pybind11 ninja
+	$(PY) -m pip install -q scikit-build-core pybind11 ninja wheel  # wheel: sdists (rouge-score) without build isolation
 	$(TOOLS) $(PY) -m pip install --no-build-isolation -e ".[test,hf]" "$(TORCH)"
 
 clean:

@@ -10,6 +10,9 @@ Prints the path of the patched tree on stdout; everything else goes to stderr.
 Environment:
   SELECTINFER_CACHE_DIR     cache root (default: $XDG_CACHE_HOME/selectinfer or ~/.cache/selectinfer)
   SELECTINFER_LLAMA_SDIST   use this local sdist file instead of downloading it (offline builds)
+  SELECTINFER_LLAMA_SOURCE  use this unpatched llama.cpp source folder instead of the sdist, e.g. one
+                            written by `--export-pruned DIR` (a machine that cannot take the 76 MB
+                            sdist: the folder holds what a build of the engine, CPU and CUDA, needs)
 """
 from __future__ import annotations
 
@@ -86,6 +89,42 @@ def extract_vendor_tree(sdist: Path, dest: Path) -> None:
             tar.extractall(dest, members=members)
 
 
+# What a build of the engine (libllama, ggml's CPU and CUDA backends) reads of the vendor tree:
+# everything but these (the vocabularies, docs, tests, tools and the other backends).
+PRUNED_TOP = {"models", "docs", "tests", "tools", "examples", "benches", "media", "gguf-py", "scripts",
+              "conversion", "common", "pocs", "app", "grammars", "prompts", ".github", ".devops"}
+PRUNED_BACKENDS = {"ggml-cann", "ggml-et", "ggml-hexagon", "ggml-hip", "ggml-metal", "ggml-musa", "ggml-opencl",
+                   "ggml-openvino", "ggml-rpc", "ggml-sycl", "ggml-virtgpu", "ggml-vulkan", "ggml-webgpu",
+                   "ggml-zdnn", "ggml-zendnn"}
+
+
+def export_pruned(dest: Path) -> None:
+    """The unpatched vendor tree, pruned to what the engine's build reads, into `dest`."""
+    if dest.exists() and any(dest.iterdir()):
+        raise SourceError(f"{dest} is not empty; give a new folder")
+    sdist = fetch_sdist(cache_root())
+    with tempfile.TemporaryDirectory() as tmp:
+        extract_vendor_tree(sdist, Path(tmp))
+        for name in PRUNED_TOP:
+            shutil.rmtree(Path(tmp) / name, ignore_errors=True)
+        for name in PRUNED_BACKENDS:
+            shutil.rmtree(Path(tmp) / "ggml" / "src" / name, ignore_errors=True)
+        shutil.copytree(tmp, dest, dirs_exist_ok=True)
+
+
+def source_tree(dest: Path) -> str:
+    """Puts the unpatched llama.cpp source into `dest`; returns what it came from."""
+    folder = os.environ.get("SELECTINFER_LLAMA_SOURCE")
+    if folder:
+        if not (Path(folder) / "CMakeLists.txt").exists() or not (Path(folder) / "ggml").is_dir():
+            raise SourceError(f"SELECTINFER_LLAMA_SOURCE={folder} is not a llama.cpp source folder; "
+                              "write one with `python3 cmake/llama_cpp_source.py --export-pruned DIR`, or unset it")
+        shutil.copytree(folder, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git"))
+        return "source"
+    extract_vendor_tree(fetch_sdist(cache_root()), dest)
+    return "sdist"
+
+
 def patch_series(patch_dir: Path) -> list[Path]:
     return sorted(patch_dir.glob("*.patch")) if patch_dir.is_dir() else []
 
@@ -115,14 +154,15 @@ def patched_tree(patch_dir: Path) -> Path:
     """The cached patched tree for the current patch series, created on first use."""
     cache = cache_root()
     patches = patch_series(patch_dir)
-    tree = cache / f"llama.cpp-{SDIST_VERSION}-{series_digest(patches)}"
+    # a tree from a source folder may be pruned: cached apart from the sdist's
+    origin = "-from-source" if os.environ.get("SELECTINFER_LLAMA_SOURCE") else ""
+    tree = cache / f"llama.cpp-{SDIST_VERSION}-{series_digest(patches)}{origin}"
     if (tree / ".selectinfer-complete").exists():
         return tree
-    sdist = fetch_sdist(cache)
     cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=tree.name + ".tmp-", dir=cache))
     try:
-        extract_vendor_tree(sdist, tmp)
+        source_tree(tmp)
         apply_patches(tmp, patches)
         (tmp / ".selectinfer-complete").write_text("\n".join(p.name for p in patches) + "\n")
         try:
@@ -138,10 +178,17 @@ def patched_tree(patch_dir: Path) -> Path:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--patches", type=Path, required=True, help="folder of *.patch files")
+    parser.add_argument("--patches", type=Path, help="folder of *.patch files: print the patched tree's path")
+    parser.add_argument("--export-pruned", type=Path, metavar="DIR",
+                        help="write the unpatched source, pruned to what the engine's build needs, into DIR")
     args = parser.parse_args()
+    if not args.patches and not args.export_pruned:
+        parser.error("give --patches or --export-pruned")
     try:
-        print(patched_tree(args.patches))
+        if args.export_pruned:
+            export_pruned(args.export_pruned)
+        else:
+            print(patched_tree(args.patches))
     except SourceError as e:
         print(f"selectinfer: error: {e}", file=sys.stderr)
         return 1

@@ -60,6 +60,15 @@ PYBIND11_MODULE(_native, m) {
     });
     m.def("process_rss_bytes", &process_rss_bytes);
     m.def("extra_buffer_types", &cpu_extra_buffer_types);
+    m.def("compute_devices", [] {
+        py::list out;
+        for (const DeviceInfo & d : compute_devices()) {
+            out.append(py::dict(py::arg("name") = d.name, py::arg("description") = d.description,
+                                py::arg("type") = d.type, py::arg("memory_free_bytes") = d.memory_free_bytes,
+                                py::arg("memory_total_bytes") = d.memory_total_bytes));
+        }
+        return out;
+    }, "The compute devices of this build (ggml's backends), CPU included: name, description, type, memory.");
     m.def("sparse_fused_types", [] {
         std::vector<std::string> names;
         for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
@@ -89,19 +98,21 @@ PYBIND11_MODULE(_native, m) {
           "writes a GGUF header: the keys of src (minus remove, plus set) and the tensor infos; returns offsets");
     m.def("run_sparse_op",
           [](const std::string & op, const std::vector<std::tuple<int, std::vector<int64_t>, py::bytes>> & inputs,
-             int n_threads, int n_static, int n_dynamic, float alpha, bool by_magnitude, int first_id) {
+             int n_threads, int n_static, int n_dynamic, float alpha, bool by_magnitude, int first_id,
+             const std::string & device) {
               std::vector<OpInput> ins;
               for (const auto & [type, ne, data] : inputs) ins.push_back({type, ne, std::string(data)});
               std::string out;
               {
                   py::gil_scoped_release release;
-                  out = run_sparse_op(op, ins, n_threads, n_static, n_dynamic, alpha, by_magnitude, first_id);
+                  out = run_sparse_op(op, ins, n_threads, n_static, n_dynamic, alpha, by_magnitude, first_id, device);
               }
               return py::bytes(out);
           },
           py::arg("op"), py::arg("inputs"), py::arg("n_threads") = 1, py::arg("n_static") = 0,
           py::arg("n_dynamic") = 0, py::arg("alpha") = 0.0f, py::arg("by_magnitude") = false, py::arg("first_id") = 0,
-          "runs one sparse FFN op on the CPU backend (inputs: (ggml type, ne, raw bytes)); returns raw output");
+          py::arg("device") = "CPU",
+          "runs one sparse FFN op on a device, CPU or e.g. CUDA0 (inputs: (ggml type, ne, raw bytes)); returns raw output");
     m.def("time_ffn_layer", &time_ffn_layer, py::arg("type"), py::arg("n_embd"), py::arg("n_ff"), py::arg("n_load"),
           py::arg("n_static"), py::arg("n_select"), py::arg("n_tokens"), py::arg("n_threads"), py::arg("n_reps"),
           py::call_guard<py::gil_scoped_release>(),
@@ -144,6 +155,7 @@ PYBIND11_MODULE(_native, m) {
         .def_readwrite("n_threads", &ModelParams::n_threads)
         .def_readwrite("use_mmap", &ModelParams::use_mmap)
         .def_readwrite("repack", &ModelParams::repack)
+        .def_readwrite("n_gpu_layers", &ModelParams::n_gpu_layers)
         .def_readwrite("flash_attn", &ModelParams::flash_attn)
         .def_readwrite("profile", &ModelParams::profile)
         .def_readwrite("selection", &ModelParams::selection)

@@ -38,6 +38,7 @@ const char * kUsage =
     "  -c,   --ctx-size N          context size in tokens (default 2048)\n"
     "  -b,   --batch-size N        prompt tokens per batch (default 512)\n"
     "  -t,   --threads N           CPU threads (default: all)\n"
+    "  -ngl, --gpu-layers N        layers on the GPU (CUDA build), -1 = all (default 0)\n"
     "        --temp T              temperature, 0 = greedy (default 0.8)\n"
     "        --top-k N             top-k sampling, 0 = off (default 40)\n"
     "        --top-p P             top-p sampling, 1 = off (default 0.95)\n"
@@ -90,6 +91,9 @@ CliArgs parse_args(int argc, char ** argv) {
         else if (a == "-c" || a == "--ctx-size") args.model.n_ctx = parse_number<int32_t>(a, value(i));
         else if (a == "-b" || a == "--batch-size") args.model.n_batch = parse_number<int32_t>(a, value(i));
         else if (a == "-t" || a == "--threads") args.model.n_threads = parse_number<int32_t>(a, value(i));
+        else if (a == "-ngl" || a == "--gpu-layers" || a == "--n-gpu-layers") {
+            args.model.n_gpu_layers = parse_number<int32_t>(a, value(i));
+        }
         else if (a == "--temp") args.sampling.temperature = parse_number<float>(a, value(i));
         else if (a == "--top-k") args.sampling.top_k = parse_number<int32_t>(a, value(i));
         else if (a == "--top-p") args.sampling.top_p = parse_number<float>(a, value(i));

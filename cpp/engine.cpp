@@ -185,6 +185,29 @@ std::vector<std::string> cpu_extra_buffer_types() {
     return names;
 }
 
+std::vector<DeviceInfo> compute_devices() {
+    init_backend_once(false);
+    std::vector<DeviceInfo> out;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        DeviceInfo d;
+        d.name = ggml_backend_dev_name(dev);
+        d.description = ggml_backend_dev_description(dev);
+        switch (ggml_backend_dev_type(dev)) {
+            case GGML_BACKEND_DEVICE_TYPE_CPU:   d.type = "CPU"; break;
+            case GGML_BACKEND_DEVICE_TYPE_GPU:   d.type = "GPU"; break;
+            case GGML_BACKEND_DEVICE_TYPE_IGPU:  d.type = "IGPU"; break;
+            default:                             d.type = "ACCEL"; break;
+        }
+        size_t free_bytes = 0, total_bytes = 0;
+        ggml_backend_dev_memory(dev, &free_bytes, &total_bytes);
+        d.memory_free_bytes = free_bytes;
+        d.memory_total_bytes = total_bytes;
+        out.push_back(d);
+    }
+    return out;
+}
+
 void validate(const SamplingParams & p) {
     if (!std::isfinite(p.temperature) || p.temperature < 0) {
         throw std::invalid_argument("temperature must be >= 0 (0 = greedy), got " + std::to_string(p.temperature));
@@ -261,6 +284,10 @@ Engine::Engine(const ModelParams & params) : params_(params) {
     if (params_.n_threads < 0) {
         throw std::invalid_argument("n_threads must be >= 0 (0 = all cores), got " + std::to_string(params_.n_threads));
     }
+    if (params_.n_gpu_layers < -1) {
+        throw std::invalid_argument("n_gpu_layers must be >= -1 (-1 = all layers), got " +
+                                    std::to_string(params_.n_gpu_layers));
+    }
     if (params_.n_threads == 0) {
         params_.n_threads = std::max(1u, std::thread::hardware_concurrency());
     }
@@ -270,6 +297,7 @@ Engine::Engine(const ModelParams & params) : params_(params) {
     llama_model_params mp = llama_model_default_params();
     mp.load_mode = params_.use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
     mp.use_extra_bufts = params_.repack;
+    mp.n_gpu_layers = params_.n_gpu_layers;
     take_last_error();
     model_ = llama_model_load_from_file(params_.path.c_str(), mp);
     if (!model_) {

@@ -41,6 +41,9 @@ struct ModelParams {
     // for Q4_0/Q4_K/Q8_0 on AVX2): faster, but the repacked weights are a second copy in memory
     // beside the mapped file (llama.cpp's --no-repack turns it off)
     bool     repack    = true;
+    // layers whose weights go to the GPU (llama.cpp's -ngl): 0 none, -1 all; a build without a
+    // GPU backend keeps every layer on the CPU
+    int32_t  n_gpu_layers = 0;
     int32_t  flash_attn = -1;   // -1 auto (llama.cpp's default), 0 off, 1 on
     bool     verbose   = false; // pass llama.cpp's log through to stderr
     bool     profile   = false; // accumulate FFN activation statistics (activation_stats.h)
@@ -87,6 +90,13 @@ std::pair<uint64_t, uint64_t> process_rss_bytes();
 // The buffer types ggml's CPU backend can repack weights into on this machine ("AMX" when the
 // build has AMX kernels and the CPU and kernel allow them, "CPU_REPACK"), best first.
 std::vector<std::string> cpu_extra_buffer_types();
+
+// The compute devices of this build (ggml's backend registry), the CPU included.
+struct DeviceInfo {
+    std::string name, description, type;  // type: "CPU", "GPU", "IGPU" (integrated), "ACCEL"
+    uint64_t memory_free_bytes = 0, memory_total_bytes = 0;
+};
+std::vector<DeviceInfo> compute_devices();
 
 // Writes `output_path` with the weights of `input_path` converted to `type_name` (F32, F16,
 // BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_M, Q4_K_M, Q5_K_M, Q6_K) with llama.cpp's

@@ -18,23 +18,24 @@ namespace selectinfer {
 
 namespace {
 
-// The CPU backend through ggml's registry: a build whose CPU backend is loaded at run time (one
-// module per CPU variant, GGML_CPU_ALL_VARIANTS) has no other way to it. Graphs of tensors in
-// plain ggml contexts run on it as they are.
-class CpuBackend {
+// A backend through ggml's registry, the CPU's by default: a build whose CPU backend is loaded at
+// run time (one module per CPU variant, GGML_CPU_ALL_VARIANTS) has no other way to it. Graphs of
+// tensors in plain ggml contexts run on the CPU's as they are.
+class OpBackend {
 public:
-    explicit CpuBackend(int n_threads) {
-        init_backends();
-        backend_ = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
-        if (!backend_) throw std::runtime_error("no CPU backend in this build");
+    explicit OpBackend(int n_threads) : OpBackend(ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr), n_threads) {}
+    // any device's backend; the CPU's gets n_threads
+    OpBackend(ggml_backend_t backend, int n_threads) : backend_(backend) {
+        if (!backend_) throw std::runtime_error("could not start the backend (no CPU backend in this build?)");
         ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(ggml_backend_get_device(backend_));
         auto set_n_threads = (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
         if (set_n_threads) set_n_threads(backend_, n_threads);
     }
-    ~CpuBackend() { ggml_backend_free(backend_); }
-    CpuBackend(const CpuBackend &) = delete;
-    CpuBackend & operator=(const CpuBackend &) = delete;
+    ~OpBackend() { ggml_backend_free(backend_); }
+    OpBackend(const OpBackend &) = delete;
+    OpBackend & operator=(const OpBackend &) = delete;
 
+    ggml_backend_t get() const { return backend_; }
     void compute(ggml_cgraph * gf) {
         if (ggml_backend_graph_compute(backend_, gf) != GGML_STATUS_SUCCESS) {
             throw std::runtime_error("graph compute failed");
@@ -45,12 +46,24 @@ private:
     ggml_backend_t backend_ = nullptr;
 };
 
+// The backend of the device named `device` ("CPU", "CUDA0", ... as ggml names them).
+std::unique_ptr<OpBackend> device_backend(const std::string & device, int n_threads) {
+    init_backends();
+    ggml_backend_dev_t dev = ggml_backend_dev_by_name(device.c_str());
+    if (!dev) {
+        std::string names;
+        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) names += std::string(names.empty() ? "" : ", ") + ggml_backend_dev_name(ggml_backend_dev_get(i));
+        throw std::invalid_argument("no device " + device + " in this build (devices: " + names + ")");
+    }
+    return std::make_unique<OpBackend>(ggml_backend_dev_init(dev, nullptr), n_threads);
+}
+
 void require(bool ok, const std::string & what) {
     if (!ok) throw std::invalid_argument(what);
 }
 
-// A tensor of the given type and shape holding `data`; the shape and size are checked first, so
-// that a bad argument is an exception rather than an assertion inside ggml.
+// A tensor of the given type and shape (its data set once allocated); the shape and size are
+// checked first, so that a bad argument is an exception rather than an assertion inside ggml.
 ggml_tensor * input_tensor(ggml_context * ctx, const OpInput & in) {
     require(in.type >= 0 && in.type < GGML_TYPE_COUNT && ggml_get_type_traits((ggml_type) in.type)->blck_size > 0,
             "unknown ggml type " + std::to_string(in.type));
@@ -59,7 +72,6 @@ ggml_tensor * input_tensor(ggml_context * ctx, const OpInput & in) {
     require(in.ne[0] % ggml_blck_size((ggml_type) in.type) == 0, "rows must hold whole blocks of the type");
     ggml_tensor * x = ggml_new_tensor(ctx, (ggml_type) in.type, (int) in.ne.size(), in.ne.data());
     require(ggml_nbytes(x) == in.data.size(), "input size does not match its shape and type");
-    std::memcpy(x->data, in.data.data(), in.data.size());
     return x;
 }
 
@@ -67,9 +79,9 @@ void require_f32(const ggml_tensor * t, const char * name) {
     require(t->type == GGML_TYPE_F32, std::string(name) + " must be F32");
 }
 
-void require_row_ids(const ggml_tensor * ids, int64_t first_id, int64_t n_rows) {
+void require_row_ids(const ggml_tensor * ids, const OpInput & in, int64_t first_id, int64_t n_rows) {
     require(ids->type == GGML_TYPE_I32 && ggml_n_dims(ids) == 1, "ids must be a 1-D I32 array");
-    const int32_t * id = (const int32_t *) ids->data;
+    const int32_t * id = (const int32_t *) in.data.data();
     for (int64_t j = 0; j < ids->ne[0]; ++j) {
         require(id[j] >= first_id && id[j] - first_id < n_rows,
                 "row id " + std::to_string(id[j]) + " outside [" + std::to_string(first_id) + ", " +
@@ -80,11 +92,9 @@ void require_row_ids(const ggml_tensor * ids, int64_t first_id, int64_t n_rows) 
 }  // namespace
 
 std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & inputs, int n_threads, int n_static,
-                          int n_dynamic, float alpha, bool by_magnitude, int first_id) {
+                          int n_dynamic, float alpha, bool by_magnitude, int first_id, const std::string & device) {
     require(n_threads >= 1 && n_threads <= 512, "n_threads must be in [1, 512]");
-    size_t bytes = 16 * 1024 * 1024;
-    for (const auto & in : inputs) bytes += in.data.size() * 2 + 1024;
-    ggml_init_params params = {bytes * 4, nullptr, false};
+    ggml_init_params params = {64 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, /*no_alloc=*/true};
     std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx(ggml_init(params), ggml_free);
     std::vector<ggml_tensor *> t;
     for (const auto & in : inputs) t.push_back(input_tensor(ctx.get(), in));
@@ -93,13 +103,13 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
         require_f32(t[1], "x");
         require(t[1]->ne[0] == t[0]->ne[0], "x must have the weight's row length");
         require(first_id >= 0, "first_id must be >= 0");
-        require_row_ids(t[2], first_id, t[0]->ne[1]);
+        require_row_ids(t[2], inputs[2], first_id, t[0]->ne[1]);
         out = ggml_si_mul_rows(ctx.get(), t[0], t[1], t[2], first_id);
     } else if (op == "mul_rows_t" && (t.size() == 2 || t.size() == 3)) {
         require_f32(t[1], "h");
         require(first_id >= 0 && (first_id == 0 || t.size() == 3), "first_id must be >= 0, and 0 without ids");
         if (t.size() == 3) {
-            require_row_ids(t[2], first_id, t[0]->ne[1]);
+            require_row_ids(t[2], inputs[2], first_id, t[0]->ne[1]);
             require(t[2]->ne[0] == t[1]->ne[0], "h must have one value per id");
         } else {
             require(t[1]->ne[0] <= t[0]->ne[1], "h has more values than the weight has rows");
@@ -125,8 +135,16 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
     }
     ggml_cgraph * gf = ggml_new_graph(ctx.get());
     ggml_build_forward_expand(gf, out);
-    CpuBackend(n_threads).compute(gf);
-    return std::string((const char *) out->data, ggml_nbytes(out));
+    // every tensor in the device's memory, the inputs copied in, the output copied back
+    const std::unique_ptr<OpBackend> backend = device_backend(device, n_threads);
+    std::unique_ptr<ggml_backend_buffer, void (*)(ggml_backend_buffer_t)> buffer(
+        ggml_backend_alloc_ctx_tensors(ctx.get(), backend->get()), ggml_backend_buffer_free);
+    if (!buffer) throw std::runtime_error("could not allocate the op's tensors on " + device);
+    for (size_t i = 0; i < t.size(); ++i) ggml_backend_tensor_set(t[i], inputs[i].data.data(), 0, inputs[i].data.size());
+    backend->compute(gf);
+    std::string result(ggml_nbytes(out), '\0');
+    ggml_backend_tensor_get(out, result.data(), 0, result.size());
+    return result;
 }
 
 }  // namespace selectinfer
@@ -150,7 +168,7 @@ void fill_random(ggml_tensor * t, std::mt19937 & rng) {
 }
 
 // One run of a built graph (the backend keeps its work buffer between runs).
-double time_graph_ms(CpuBackend & cpu, ggml_cgraph * gf) {
+double time_graph_ms(OpBackend & cpu, ggml_cgraph * gf) {
     const auto t0 = std::chrono::steady_clock::now();
     cpu.compute(gf);
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -251,7 +269,7 @@ std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type
         graphs.push_back(gf);
         times.push_back({step.first, {}});
     }
-    CpuBackend cpu(n_threads);
+    OpBackend cpu(n_threads);
     for (int r = 0; r < n_reps; ++r) {  // interleaved, so that machine noise hits every step alike
         for (size_t v = 0; v < steps.size(); ++v) times[v].second.push_back(time_graph_ms(cpu, graphs[v]));
     }

@@ -1,5 +1,6 @@
-// Runs one of selectinfer's ggml ops on the CPU backend with given inputs, for the op tests
-// (tests/test_sparse_ops.py compares the results with numpy).
+// Runs one of selectinfer's ggml ops on a device (the CPU, or a GPU of a CUDA build) with given
+// inputs, for the op tests (tests/test_sparse_ops.py compares the CPU's results with numpy,
+// tests/test_cuda.py the GPU's with the CPU's).
 #pragma once
 
 #include <cstdint>
@@ -15,11 +16,11 @@ struct OpInput {
 };
 
 // op: "mul_rows" (w, x, ids; first_id), "mul_rows_t" (w, h, ids or none; first_id), "count" (act, prev or none; alpha,
-// by_magnitude), "select" (counts; n_static, n_dynamic). Returns the output's raw bytes; inputs
-// that do not fit the op are std::invalid_argument.
+// by_magnitude), "select" (counts; n_static, n_dynamic). device: a ggml device name ("CPU",
+// "CUDA0"). Returns the output's raw bytes; inputs that do not fit the op are std::invalid_argument.
 std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & inputs, int n_threads,
                           int n_static = 0, int n_dynamic = 0, float alpha = 0.0f, bool by_magnitude = false,
-                          int first_id = 0);
+                          int first_id = 0, const std::string & device = "CPU");
 
 
 // One SwiGLU FFN layer with random weights in `type` (n_embd, n_ff original neurons, n_load

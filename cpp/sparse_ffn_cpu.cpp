@@ -5,10 +5,12 @@
 //   mul_rows_t  one token: adds rows eight at a time with per-type loops that convert in
 //               registers (block_loops.h), other types row by row;
 //               several tokens: a blocked GEMM over F32 panels of the weight.
-//   count       a prompt batch's votes: threads rank tokens in turn, then merge the counts by rows.
-//   select      the most counted neurons (one thread: a partial sort of n_load counts).
+//   count       a prompt batch's votes: threads rank tokens in turn (a radix select per token,
+//               selection_rule.h), then merge the counts by rows.
+//   select      the most counted neurons (one thread, the same radix select).
 #include "sparse_ffn_ops.h"
 #include "block_loops.h"
+#include "selection_rule.h"
 
 #include "ggml-cpu-impl.h"
 #include "ggml-cpu.h"
@@ -269,27 +271,19 @@ void mul_rows_t_tokens(const ggml_compute_params * params, ggml_tensor * dst) {
     }
 }
 
-// One thread's scratch of the counting op: two float arrays and an int32 array of n_load.
+// One thread's scratch of the counting op: two arrays of n_load.
 struct CountScratch {
-    float * value;     // the token's ranking key per neuron
-    float * partition; // a copy that nth_element reorders
+    uint32_t * key;    // the token's ranking key per neuron (si_rule::order_bits)
     int32_t * count;   // votes of this thread's tokens
 };
 
 size_t count_scratch_bytes(int64_t n_load) {
-    return (size_t) n_load * (2 * sizeof(float) + sizeof(int32_t));
+    return (size_t) n_load * (sizeof(uint32_t) + sizeof(int32_t));
 }
 
 CountScratch count_scratch(void * base, int64_t n_load) {
-    float * f = (float *) base;
-    return {f, f + n_load, (int32_t *) (f + 2 * n_load)};
-}
-
-// The key a token's neuron is ranked by: NaN below every number, so a broken activation is
-// never chosen over a real one and the sort's ordering stays strict.
-inline float rank_key(float a, bool by_magnitude) {
-    if (std::isnan(a)) return -INFINITY;
-    return by_magnitude ? std::fabs(a) : a;
+    uint32_t * k = (uint32_t *) base;
+    return {k, (int32_t *) (k + n_load)};
 }
 
 }  // namespace
@@ -310,10 +304,10 @@ size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks) {
             return (size_t) n_tasks * std::max<int64_t>(2 * (E + 64), panel) * sizeof(float);
         }
         case GGML_OP_SI_COUNT:
-            // per thread: a positives count, then per neuron a value, a copy to partition and a count
+            // per thread: a positives count, then per neuron a key and a count
             return (size_t) n_tasks * (sizeof(int64_t) + count_scratch_bytes(node->src[0]->ne[0])) + 64;
         case GGML_OP_SI_SELECT:
-            return (size_t) node->src[0]->ne[0] * sizeof(int32_t) + 64;  // candidate order
+            return 0;
         default:
             return 0;
     }
@@ -397,22 +391,16 @@ void ggml_si_compute_forward_count(const struct ggml_compute_params * params, st
     ggml_barrier(params->threadpool);
     int64_t all_positives = 0;
     for (int i = 0; i < nth; ++i) all_positives += positives[i];
-    const int64_t k = T == 0 ? 0 : std::min<int64_t>(n_load, std::llround(alpha * (double) all_positives / (double) T));
+    const int64_t k = si_rule::top_k(alpha, all_positives, T, n_load);
 
-    // a token's top k: the k-th largest key by nth_element on a copy, then every neuron above it
-    // and, among those equal to it, the lower rows until k are counted
+    // a token's top k (selection_rule.h): the k-th largest key by radix select, then every neuron
+    // above it and, among those equal to it, the lower rows until k are counted
     std::fill(mine.count, mine.count + n_load, 0);
     for (int64_t t = ith; t < T && k > 0; t += nth) {
         const float * a = token(t);
-        for (int64_t i = 0; i < n_load; ++i) mine.value[i] = rank_key(a[i], by_magnitude);
-        std::copy(mine.value, mine.value + n_load, mine.partition);
-        std::nth_element(mine.partition, mine.partition + (k - 1), mine.partition + n_load, std::greater<float>());
-        const float kth = mine.partition[k - 1];
-        int64_t ties = k;
-        for (int64_t i = 0; i < n_load; ++i) ties -= mine.value[i] > kth;
-        for (int64_t i = 0; i < n_load; ++i) {
-            if (mine.value[i] > kth || (mine.value[i] == kth && ties-- > 0)) mine.count[i] += 1;
-        }
+        for (int64_t i = 0; i < n_load; ++i) mine.key[i] = si_rule::order_bits(si_rule::rank_key(a[i], by_magnitude));
+        si_rule::take_top_k([&](int64_t i) { return mine.key[i]; }, n_load, k,
+                            [&](int64_t i, int64_t) { mine.count[i] += 1; });
     }
     ggml_barrier(params->threadpool);
     // threads merge the counts, each a range of neurons, onto the previous batches' counts
@@ -435,17 +423,13 @@ void ggml_si_compute_forward_select(const struct ggml_compute_params * params, s
     const int64_t n_load = dst->src[0]->ne[0];
     const int32_t n_static = ggml_get_op_params_i32(dst, GGML_SI_SELECT_N_STATIC);
     const int32_t n_dynamic = ggml_get_op_params_i32(dst, GGML_SI_SELECT_N_DYNAMIC);
-    // the n_dynamic most counted non-static neurons; ties to the lower row
-    int32_t * order = (int32_t *) params->wdata;
-    const int64_t n_candidates = n_load - n_static;
-    std::iota(order, order + n_candidates, n_static);
-    auto more = [counts](int32_t x, int32_t y) { return counts[x] > counts[y] || (counts[x] == counts[y] && x < y); };
-    std::partial_sort(order, order + n_dynamic, order + n_candidates, more);
-    std::sort(order, order + n_dynamic);
-
+    // the n_dynamic most counted non-static neurons, ties to the lower row, ascending
     int32_t * out = (int32_t *) dst->data;
     for (int32_t i = 0; i < n_static; ++i) out[i] = i;
-    std::copy(order, order + n_dynamic, out + n_static);
+    const float * candidates = counts + n_static;
+    si_rule::take_top_k([&](int64_t i) { return si_rule::order_bits(si_rule::rank_key(candidates[i], false)); },
+                        n_load - n_static, n_dynamic,
+                        [&](int64_t i, int64_t place) { out[n_static + place] = (int32_t) (n_static + i); });
 }
 
 }  // extern "C"

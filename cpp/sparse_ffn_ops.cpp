@@ -68,6 +68,15 @@ struct ggml_tensor * ggml_si_select(struct ggml_context * ctx, struct ggml_tenso
     return out;
 }
 
+struct ggml_tensor * ggml_si_weight_op(struct ggml_context * ctx, struct ggml_tensor * w, enum ggml_op op) {
+    GGML_ASSERT(op == GGML_OP_SI_MUL_ROWS || op == GGML_OP_SI_MUL_ROWS_T);
+    if (op == GGML_OP_SI_MUL_ROWS) {
+        return ggml_si_mul_rows(ctx, w, ggml_new_tensor_1d(ctx, GGML_TYPE_F32, w->ne[0]),
+                                ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1), 0);
+    }
+    return ggml_si_mul_rows_t(ctx, w, ggml_new_tensor_1d(ctx, GGML_TYPE_F32, w->ne[1]), nullptr, 0);
+}
+
 bool ggml_si_has_fused_loop(enum ggml_type type) {
     switch (type) {
 #define GGML_SI_CASE(T) case GGML_TYPE_##T:

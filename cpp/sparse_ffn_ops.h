@@ -40,6 +40,11 @@ GGML_API struct ggml_tensor * ggml_si_count(struct ggml_context * ctx, struct gg
 GGML_API struct ggml_tensor * ggml_si_select(struct ggml_context * ctx, struct ggml_tensor * counts, int n_static,
                                              int n_dynamic);
 
+// The node the model loader asks each device about for a weight that op (GGML_OP_SI_MUL_ROWS or
+// _ROWS_T) reads (llama.cpp's weight_buft_supported, ggml-patches/0007): a gathered weight is
+// placed where the sparse ops run on it, in VRAM where the CUDA kernels take its type.
+GGML_API struct ggml_tensor * ggml_si_weight_op(struct ggml_context * ctx, struct ggml_tensor * w, enum ggml_op op);
+
 // Op parameter slots (ggml_set_op_params_*).
 enum ggml_si_mul_rows_param { GGML_SI_MUL_ROWS_FIRST_ID = 0 };  // both row ops
 enum ggml_si_count_param { GGML_SI_COUNT_ALPHA = 0, GGML_SI_COUNT_BY_MAGNITUDE = 1 };

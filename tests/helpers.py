@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import shutil
 import struct
@@ -139,3 +140,11 @@ def stored_rows(type_name: str, values: np.ndarray) -> tuple[np.ndarray, np.ndar
         raw = _native.quantize_rows(int(qtype), values)
     stored = raw if qtype in (T.F32, T.F16) else dequantize(raw, qtype)
     return raw, np.asarray(stored, dtype=np.float64).reshape(values.shape)
+
+
+def ggml_include() -> Path:
+    """ggml.h of the pinned, patched llama.cpp tree (the build's cache; made on first use)."""
+    spec = importlib.util.spec_from_file_location("llama_cpp_source", Path(__file__).resolve().parents[1] / "cmake" / "llama_cpp_source.py")
+    src = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(src)
+    return src.patched_tree(Path(__file__).resolve().parents[1] / "ggml-patches") / "ggml" / "include"

@@ -83,7 +83,8 @@ def test_invalid_sampling_parameters(tiny_model, kwargs, match):
             m.generate(PROMPT, **kwargs)
 
 
-@pytest.mark.parametrize("kwargs,match", [({"n_ctx": 0}, "n_ctx"), ({"n_batch": 0}, "n_batch"), ({"n_threads": -1}, "n_threads")])
+@pytest.mark.parametrize("kwargs,match", [({"n_ctx": 0}, "n_ctx"), ({"n_batch": 0}, "n_batch"), ({"n_threads": -1}, "n_threads"),
+                                          ({"n_gpu_layers": -2}, "n_gpu_layers")])
 def test_invalid_model_parameters(tiny_model, kwargs, match):
     with pytest.raises(ValueError, match=match):
         Model(tiny_model("tiny-llama", "F32"), **kwargs)
@@ -95,6 +96,8 @@ def test_invalid_model_parameters(tiny_model, kwargs, match):
     (["--top-k", "x"], "invalid value 'x' for --top-k"),
     (["--bogus"], "unknown argument --bogus"),
     (["-n"], "missing value for -n"),
+    (["-ngl", "all"], "invalid value 'all' for -ngl"),
+    (["-ngl", "-2"], "n_gpu_layers must be >= -1"),
 ])
 def test_cli_invalid_arguments(cli, tiny_model, args, match):
     proc = cli("-m", tiny_model("tiny-llama", "F32"), "-p", "hi", *args)

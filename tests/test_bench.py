@@ -44,3 +44,23 @@ def test_bench_runs_every_configuration_side_by_side(models):
     table = format_table(results).splitlines()
     assert len(table) == 2 + 3 and "bytes ideal" in table[0]
     assert table[2].split("|")[-3].strip() == "1.00x"  # the first model against itself
+
+
+def test_bench_json_has_the_table_numbers(models, selectinfer_cmd, tmp_path):
+    import json
+
+    dense, si = models
+    out = tmp_path / "bench.json"
+    proc = selectinfer_cmd("bench", dense, si, "--compute-ratios", "0.5", "-p", "8", "-n", "4", "-r", "2", "-t", "1",
+                           "-ngl", "-1", "--json", out)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["gpu_layers"] == -1 and report["devices"][0]["name"] == "CPU"
+    results = report["results"]
+    assert [r["label"] for r in results] == ["dense.gguf", "si.gguf (dense over loaded)", "si.gguf (phi 0.5)"]
+    assert results[0]["decode_vs_first"] == 1.0 and results[0]["bytes_read_ideal"] == 1.0
+    for r in results:
+        assert len(r["decode_samples"]) == 2 and r["decode_tokens_per_s"] > 0
+        assert abs(r["share_of_ideal"] - r["decode_vs_first"] / r["bytes_read_ideal"]) < 1e-9
+    # the table printed from the same results
+    assert f"{results[2]['decode_tokens_per_s']:.1f}" in proc.stdout

@@ -3,7 +3,6 @@ the one the engine was built for: SSE2, SSE4.2, AVX, AVX2 and AVX-512 each compi
 (vector width, F16C, byte widening), and a CPU only ever runs one of them. Each build decodes
 random rows of every fused type, adds them and dots them; numpy (gguf-py's dequantization) is
 the reference."""
-import importlib.util
 import platform
 import shutil
 import subprocess
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
-from helpers import stored_rows
+from helpers import ggml_include, stored_rows
 
 REPO = Path(__file__).resolve().parents[1]
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]  # GGML_SI_FUSED_TYPES
@@ -33,14 +32,6 @@ def cpu_flags() -> set[str]:
         if line.startswith("flags"):
             return set(line.split(":", 1)[1].split())
     return set()
-
-
-def ggml_include() -> Path:
-    """ggml.h of the pinned, patched llama.cpp tree (the build's cache; made on first use)."""
-    spec = importlib.util.spec_from_file_location("llama_cpp_source", REPO / "cmake" / "llama_cpp_source.py")
-    src = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(src)
-    return src.patched_tree(REPO / "ggml-patches") / "ggml" / "include"
 
 
 @pytest.fixture(scope="module")

@@ -55,10 +55,41 @@ def test_cli_chat_mode(cli, tmp_path):
     assert replies[1] == second
 
 
+def test_gpu_layers_without_a_gpu_keep_every_layer_on_the_cpu(cli, tiny_model):
+    """-ngl / n_gpu_layers as llama.cpp has them: on a build or machine without a GPU, every layer
+    stays on the CPU and the output is the same."""
+    from selectinfer import _native
+
+    if any(d["type"] in ("GPU", "IGPU") for d in _native.compute_devices()):
+        pytest.skip("this machine has a GPU: tests/test_cuda.py compares the GPU with the CPU")
+    path = tiny_model("tiny-llama", "F32")
+    with Model(path, n_ctx=128) as cpu, Model(path, n_ctx=128, n_gpu_layers=-1) as all_layers:
+        assert set(buf for _, buf in all_layers.weight_placement().values()) <= {"CPU", "CPU_Mapped"}
+        assert cpu.generate("the capital of", 8, temperature=0) == all_layers.generate("the capital of", 8, temperature=0)
+    runs = [cli("-m", path, "-p", "the capital of", "-n", "8", "--temp", "0", *ngl) for ngl in ([], ["-ngl", "99"])]
+    assert runs[0].returncode == runs[1].returncode == 0, runs[1].stderr
+    assert runs[0].stdout == runs[1].stdout
+
+
+def test_info_lists_the_gpus(selectinfer_cmd):
+    from selectinfer import _native
+
+    devices = _native.compute_devices()
+    assert devices[0]["type"] == "CPU" and devices[0]["name"] == "CPU"
+    proc = selectinfer_cmd("info")
+    assert proc.returncode == 0, proc.stderr
+    gpus = [d for d in devices if d["type"] in ("GPU", "IGPU")]
+    for d in gpus:
+        assert d["name"] in proc.stdout
+    if not gpus:
+        assert "GPU: none" in proc.stdout
+
+
 def test_cli_help(cli):
     proc = cli("--help")
     assert proc.returncode == 0
-    for flag in ["-m,", "-p,", "-f,", "-n,", "-t,", "-c,", "--temp", "--seed", "--top-k", "--top-p", "--conversation"]:
+    for flag in ["-m,", "-p,", "-f,", "-n,", "-t,", "-c,", "--temp", "--seed", "--top-k", "--top-p", "--conversation",
+                 "-ngl,"]:
         assert flag in proc.stdout
 
 

@@ -79,6 +79,32 @@ def test_wrong_sdist_is_rejected(tmp_path, monkeypatch):
     assert not any((tmp_path / "cache").glob("llama.cpp-*")), "no partial tree may be left behind"
 
 
+def test_a_source_folder_replaces_the_sdist(tmp_path, monkeypatch):
+    """--export-pruned writes the unpatched tree without what the engine's build does not read;
+    SELECTINFER_LLAMA_SOURCE builds from such a folder (a machine without the sdist), cached apart."""
+    monkeypatch.delenv("SELECTINFER_LLAMA_SOURCE", raising=False)
+    pruned = tmp_path / "llama-src"
+    src.export_pruned(pruned)
+    assert (pruned / "CMakeLists.txt").exists() and (pruned / "ggml" / "src" / "ggml-cuda" / "ggml-cuda.cu").exists()
+    assert not (pruned / "models").exists() and not (pruned / "ggml" / "src" / "ggml-vulkan").exists()
+    assert not (pruned / "ggml" / "src" / "ggml-cuda" / "ggml-cuda.cu").read_text().count("GGML_OP_SI_MUL_ROWS")
+    size = sum(f.stat().st_size for f in pruned.rglob("*") if f.is_file())
+    assert size < 40 * 2**20, size
+    with pytest.raises(src.SourceError, match="not empty"):
+        src.export_pruned(pruned)
+
+    monkeypatch.setenv("SELECTINFER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SELECTINFER_LLAMA_SDIST", str(tmp_path / "no-such-sdist.tar.gz"))  # never read
+    monkeypatch.setenv("SELECTINFER_LLAMA_SOURCE", str(pruned))
+    tree = src.patched_tree(REPO / "ggml-patches")
+    assert tree.name.endswith("-from-source")
+    assert "GGML_OP_SI_MUL_ROWS" in (tree / "ggml" / "src" / "ggml-cuda" / "ggml-cuda.cu").read_text()
+
+    monkeypatch.setenv("SELECTINFER_LLAMA_SOURCE", str(tmp_path / "nothing-here"))
+    with pytest.raises(src.SourceError, match="--export-pruned"):
+        src.patched_tree(tmp_path / "other-patches")
+
+
 def test_installed_build_used_the_current_series():
     """The cached tree for this checkout's ggml-patches/ exists and lists exactly its patches."""
     series = src.patch_series(REPO / "ggml-patches")

@@ -155,6 +155,11 @@ def test_op_argument_errors():
             _native.run_sparse_op(*args)
 
 
+def test_unknown_device_names_the_devices():
+    with pytest.raises(ValueError, match="no device NPU7 in this build .devices: CPU"):
+        _native.run_sparse_op("select", [f32(np.ones(4))], 1, 1, 1, device="NPU7")
+
+
 def test_every_cpu_has_the_fused_loops():
     """The float, 4/8-bit and K-quant types (Q4_K_M and Q5_K_M files) take the fused row loops on
     every architecture (x86 with or without F16C, ARM); a build where one falls back to the per-row

@@ -68,11 +68,12 @@ class BenchConfig:
 
 def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, repeats: int = 5,
               n_threads: int = 0, profiling: bool = False, compute_ratios: list[float] | None = None,
-              repack: tuple[bool, ...] = (True,)) -> list[BenchResult]:
+              repack: tuple[bool, ...] = (True,), n_gpu_layers: int = 0) -> list[BenchResult]:
     """Benchmarks each model side by side. profiling=True adds each model with profiling on;
     compute_ratios runs each SelectInfer model densely over its loaded neurons and at each phi
     within its [delta, gamma];
-    repack=(True, False) runs every configuration with and without ggml's weight repacking."""
+    repack=(True, False) runs every configuration with and without ggml's weight repacking;
+    n_gpu_layers: layers on the GPU (a CUDA build), -1 all."""
     configs = []
     for p in paths:
         header = _native.read_gguf_header(str(p))  # once per file
@@ -89,6 +90,9 @@ def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, r
     if tuple(repack) != (True,):
         configs = [BenchConfig(c.label + ("" if r else " (no repack)"), c.path, {**c.model_kwargs, "repack": r},
                                c.read_bytes) for c in configs for r in repack]
+    if n_gpu_layers:
+        configs = [BenchConfig(c.label, c.path, {**c.model_kwargs, "n_gpu_layers": n_gpu_layers}, c.read_bytes)
+                   for c in configs]
     return run_configs(configs, n_prompt=n_prompt, n_gen=n_gen, repeats=repeats, n_threads=n_threads)
 
 
@@ -153,6 +157,20 @@ def _bytes_read(header: dict, compute_ratio: float | None = None) -> int:
             nbytes = nbytes * computed_neurons(compute_ratio, n_original, n_load) // n_load
         total += nbytes
     return total
+
+
+def results_json(results: list[BenchResult]) -> list[dict]:
+    """Each configuration's medians, samples and ratios to the first (format_table's numbers)."""
+    base = results[0]
+    out = []
+    for r in results:
+        speedup, ideal = r.decode_median / base.decode_median, base.read_bytes / r.read_bytes
+        out.append({"label": r.label, "path": r.path, "model_bytes": r.model_bytes, "read_bytes_per_token": r.read_bytes,
+                    "prefill_tokens_per_s": r.prefill_median, "decode_tokens_per_s": r.decode_median,
+                    "prefill_samples": r.prefill_tokens_per_s, "decode_samples": r.decode_tokens_per_s,
+                    "prefill_vs_first": r.prefill_median / base.prefill_median, "decode_vs_first": speedup,
+                    "bytes_read_ideal": ideal, "share_of_ideal": speedup / ideal})
+    return out
 
 
 def format_table(results: list[BenchResult]) -> str:

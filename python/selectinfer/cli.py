@@ -5,10 +5,12 @@ Text generation itself is the `selectinfer-cli` binary (llama-cli flags).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
 from . import _native, registry
+from .paths import atomic_path
 
 
 def _cmd_pull(args: argparse.Namespace) -> None:
@@ -25,10 +27,18 @@ def _cmd_bench(args: argparse.Namespace) -> None:
     repack = {"on": (True,), "off": (False,), "both": (True, False)}[args.repack]
     results = run_bench(args.models, n_prompt=args.n_prompt, n_gen=args.n_gen, repeats=args.repeats,
                         n_threads=args.threads, profiling=args.profiling, compute_ratios=args.compute_ratios,
-                        repack=repack)
+                        repack=repack, n_gpu_layers=args.gpu_layers)
     print(f"n_prompt {args.n_prompt}, n_gen {args.n_gen}, {args.repeats} interleaved rounds, "
-          f"threads {args.threads or 'all'}")
+          f"threads {args.threads or 'all'}" + (f", GPU layers {args.gpu_layers}" if args.gpu_layers else ""))
     print(format_table(results))
+    if args.json:
+        from .bench import results_json
+
+        with atomic_path(args.json) as tmp:
+            tmp.write_text(json.dumps({"n_prompt": args.n_prompt, "n_gen": args.n_gen, "repeats": args.repeats,
+                                       "threads": args.threads, "gpu_layers": args.gpu_layers,
+                                       "devices": _native.compute_devices(), "results": results_json(results)},
+                                      indent=1))
 
 
 def _cmd_limit(args: argparse.Namespace) -> int:
@@ -172,6 +182,12 @@ def _cmd_info(args: argparse.Namespace) -> None:
            "not compiled in (the build's CPU has no AMX, or its compiler miscompiles the tile configuration)")
     print(f"AMX: {amx}")
     print(f"weight repacking (repack=True, the default): {', '.join(extra) or 'none on this CPU'}")
+    gpus = [d for d in _native.compute_devices() if d["type"] in ("GPU", "IGPU")]
+    for d in gpus:
+        print(f"{d['type']} {d['name']}: {d['description']}, {d['memory_total_bytes'] / 2**30:.1f} GiB "
+              f"({d['memory_free_bytes'] / 2**30:.1f} GiB free); layers offload with n_gpu_layers / -ngl")
+    if not gpus:
+        print("GPU: none (a CUDA build, SELECTINFER_CUDA=ON, offloads layers to NVIDIA GPUs with -ngl)")
     if args.model:
         from .model import Model
 
@@ -210,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run SelectInfer models densely over their loaded neurons and at each compute ratio")
     p.add_argument("--repack", choices=["on", "off", "both"], default="on",
                    help="ggml's weight repacking (AMX, CPU_REPACK): on, off, or every model both ways")
+    p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", type=int, default=0, dest="gpu_layers",
+                   help="layers on the GPU (a CUDA build), -1 all (default 0)")
+    p.add_argument("--json", help="also write the results to this JSON file")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("limit", help="run a command under a memory limit (cgroup), as on a smaller device: "
@@ -323,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=lambda args: _lm_eval(args.lm_eval_args))  # (main passes them on unparsed)
 
     sub.add_parser("models", help="list the registry models").set_defaults(func=_cmd_models)
-    p = sub.add_parser("info", help="llama.cpp version, CPU features, AMX and weight repacking")
+    p = sub.add_parser("info", help="llama.cpp version, CPU features, AMX, weight repacking, GPUs")
     p.add_argument("model", nargs="?", help="also show where this model's weights go, with and without repacking")
     p.set_defaults(func=_cmd_info)
     return parser

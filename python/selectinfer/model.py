@@ -65,6 +65,9 @@ class Model:
         use_mmap: map the weights from the file instead of reading them into memory.
         repack: let ggml repack weights for its faster CPU kernels (AMX, CPU_REPACK); the repacked
             weights are a second copy beside the mapped file (see `weight_buffers`).
+        n_gpu_layers: layers whose weights and compute go to the GPU, as llama.cpp splits them (the
+            last layers first, then the output); 0 none, -1 all. A build without a GPU backend
+            (`selectinfer info` lists the devices) keeps every layer on the CPU.
         flash_attn: None lets llama.cpp decide (its default), True/False forces it on/off.
         profile: accumulate FFN activation statistics while evaluating (see `activation_sums`).
         compute_ratio, token_ratio, select_by, dense, coreinfer: selective computation of a
@@ -76,7 +79,7 @@ class Model:
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 2048, n_batch: int = 512,
                  n_threads: int = 0, seed: int = -1, use_mmap: bool = True, repack: bool = True,
-                 flash_attn: bool | None = None,
+                 n_gpu_layers: int = 0, flash_attn: bool | None = None,
                  profile: bool = False, compute_ratio: float | None = None, token_ratio: float | None = None,
                  select_by: str | None = None, dense: bool | None = None, coreinfer: bool | None = None,
                  verbose: bool = False):
@@ -88,6 +91,7 @@ class Model:
         params.path = self.model_path
         params.n_ctx, params.n_batch, params.n_threads = n_ctx, n_batch, n_threads
         params.use_mmap, params.repack, params.verbose = use_mmap, repack, verbose
+        params.n_gpu_layers = n_gpu_layers
         params.flash_attn = -1 if flash_attn is None else int(bool(flash_attn))
         params.profile = profile
         if select_by not in (None, "value", "magnitude"):

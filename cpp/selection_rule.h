@@ -1,0 +1,120 @@
+// The selection rule of ggml_si_count and ggml_si_select (sparse_ffn_ops.h), written once for the
+// CPU kernels (sparse_ffn_cpu.cpp), the CUDA kernels (sparse_ffn_cuda.cu) and the host check of
+// the CUDA algorithm (tests/test_cuda_logic.py):
+//   - a token's neurons are ranked by value, or |value|, NaN below every number;
+//   - a token's top k: k = round(alpha * mean number of positive activations per token);
+//   - ties go to the lower row.
+// The CUDA kernels find the k-th largest key by its bits, eight at a time from the top (a radix
+// select): order_bits maps a key to an unsigned integer in the same order, and next_digit is the
+// step each pass takes over the histogram of the candidates' next eight bits.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define SI_RULE_HD __host__ __device__ __forceinline__
+#else
+#define SI_RULE_HD inline
+#endif
+
+namespace si_rule {
+
+SI_RULE_HD uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+    return __float_as_uint(x);
+#else
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    return u;
+#endif
+}
+
+SI_RULE_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float(u);
+#else
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+#endif
+}
+
+// The key a token's neuron is ranked by: NaN ranks below every number (a broken activation is
+// never chosen over a real one), and -0 equals +0 (as the comparison of floats has it). On the
+// bits, so that a device flushing subnormals to zero ranks them as the CPU does.
+SI_RULE_HD float rank_key(float a, bool by_magnitude) {
+    uint32_t u = float_bits(a);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return bits_float(0xff800000u);  // NaN: -inf
+    if (by_magnitude || u == 0x80000000u) u &= 0x7fffffffu;
+    return bits_float(u);
+}
+
+// k, the number of neurons each token of a batch votes for: alpha times the mean number of
+// positive activations per token, rounded half away from zero, at most n_load.
+SI_RULE_HD int64_t top_k(float alpha, int64_t positives, int64_t n_tokens, int64_t n_load) {
+    if (n_tokens <= 0) return 0;
+    const int64_t k = llround((double) alpha * (double) positives / (double) n_tokens);
+    return k < n_load ? k : n_load;
+}
+
+// An unsigned integer in the order of the float keys (no NaN: rank_key maps NaN to -inf).
+SI_RULE_HD uint32_t order_bits(float key) {
+    const uint32_t u = float_bits(key);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// One pass of the radix select. hist[d]: how many candidates (keys that share the digits chosen
+// so far) have d as their next eight bits. `wanted` is the rank, from the top, of the sought key
+// among the candidates (1 = the largest); returns the digit that holds it and lowers `wanted` by
+// the candidates with a larger digit, so that after the last pass `wanted` is how many keys equal
+// to the k-th largest are taken (the lowest rows).
+SI_RULE_HD int next_digit(const int * hist, int64_t & wanted) {
+    int64_t above = 0;
+    for (int d = 255; d > 0; --d) {
+        if (above + hist[d] >= wanted) {
+            wanted -= above;
+            return d;
+        }
+        above += hist[d];
+    }
+    wanted -= above;
+    return 0;
+}
+
+// The order bits of the k-th largest of n keys (1 <= k <= n) and how many equal keys are taken
+// (ties, the lowest rows): the radix select as the kernels run it, one pass at a time, written
+// sequentially for the host (the kernels build each histogram in parallel).
+template <typename KeyAt> inline uint32_t kth_largest(KeyAt key_at, int64_t n, int64_t k, int64_t & ties) {
+    uint32_t prefix = 0, mask = 0;
+    int64_t wanted = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        int hist[256] = {0};
+        for (int64_t i = 0; i < n; ++i) {
+            const uint32_t u = key_at(i);
+            if ((u & mask) == prefix) hist[(u >> shift) & 255] += 1;
+        }
+        prefix |= (uint32_t) next_digit(hist, wanted) << shift;
+        mask |= 255u << shift;
+    }
+    ties = wanted;
+    return prefix;
+}
+
+// Calls take(i, place) for the k largest of keys key_at(0 .. n) (order_bits), ties to the lower
+// index, in ascending order of i, place counting from 0: everything above the k-th largest key,
+// then the first `ties` equal to it. The CPU kernels run it as it is; the CUDA kernels run the
+// same passes with a thread block (block_top_k in sparse_ffn_cuda.cu).
+template <typename KeyAt, typename Take> inline void take_top_k(KeyAt key_at, int64_t n, int64_t k, Take take) {
+    if (k <= 0) return;
+    int64_t ties = 0;
+    const uint32_t kth = kth_largest(key_at, n, k, ties);
+    int64_t place = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const uint32_t u = key_at(i);
+        if (u > kth || (u == kth && ties-- > 0)) take(i, place++);
+    }
+}
+
+}  // namespace si_rule
