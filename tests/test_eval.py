@@ -162,6 +162,36 @@ def test_a_model_larger_than_the_limit_is_paged_from_its_file_not_killed(tiny_mo
     assert "_error" not in rec, rec
     assert rec["_speed"]["decode_tokens_per_s"] > 0
     assert rec["_cgroup_peak_bytes"] <= limit
+    # paging seen as pages read again from the file while timed; none for the model that fits
+    assert rec["_major_faults_timed"] > 0 and small["_major_faults_timed"] == 0
+
+
+@needs_cgroups
+def test_a_prepared_model_runs_under_a_limit_equal_to_its_budget(tmp_path):
+    """`eval --prepare-budget`: the file prepare fits to a budget runs under a memory limit of that
+    budget, with the workload its peak was fitted to: within 2% below it, no page read again."""
+    import json
+
+    from selectinfer import prepare
+    from selectinfer.synthetic import make_model
+
+    wide = tmp_path / "wide.gguf"  # FFN weights (36 MiB) large against the compute buffers and RSS noise
+    make_model(wide, "tiny-llama", weight_type="F32", seed=1, n_embd=256, n_ff=4096, n_layer=3)
+    data = tmp_path / "calib.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["The market grew into a town.",
+                                                                     "Traders met to exchange grain and salt."]))
+    profile = prepare.cached_profile(wide, [f"{data}:text"], max_prompts=2, max_new_tokens=4, progress=False)
+    budget = prepare.measure_peak_rss(wide, 256, 1) - 3 * 3 * 256 * 4096 * 4 // 3  # a third of the FFN must go
+    report, _ = evaluate.run_eval(wide, tmp_path / "ev", profile=profile, task="text", gammas=[0.75], phis=[0.5],
+                                  select_by=["value"], quants=[], si_quants=[], baselines=False, tasks=[],
+                                  speed_rounds=1, n_prompt=8, n_gen=4, n_threads=1, n_ctx=256,
+                                  prepare_budget=str(budget), progress=False)
+    prepared = report["configurations"][-1]
+    assert prepared["family"] == "prepared" and prepared["memory_limit_bytes"] == budget and "error" not in prepared
+    assert 0.98 * budget <= prepared["peak_rss_bytes"] <= budget
+    assert prepared["major_faults_timed"] == 0 and prepared["decode_tokens_per_s"] > 0
+    assert all(r["memory_limit_bytes"] is None for r in report["configurations"][:-1])
+    assert "Fits: within 2% below the budget, no paging." in (tmp_path / "ev" / "results.md").read_text()
 
 
 def test_quick_run_on_the_default_model(default_model, selectinfer_cmd, tmp_path):

@@ -57,6 +57,23 @@ def test_prepare_to_a_memory_budget(wide_model, cache, tmp_path):
     assert prepare.measure_peak_rss(r.path, 256, 1) <= budget + (1 << 20)  # measured again: it fits (1 MiB noise)
 
 
+def test_next_gamma_stays_between_the_trials_that_fit_and_those_that_do_not():
+    step, n_ff = 32, 4096
+    gamma_of = lambda weights: (weights // 1000) * step / n_ff  # noqa: E731  1000 bytes per step
+    # one trial over the budget: slope 1 -> fewer weights by the excess
+    g = prepare.next_gamma({}, {0.5: (16_000, 110_000)}, 100_000, step, n_ff, gamma_of)
+    assert g == 6 * step / n_ff
+    # a bracket: its own slope (here 3 bytes of peak per byte of file) picks the step inside it
+    fits, over = {20 * step / n_ff: (20_000, 90_000)}, {30 * step / n_ff: (30_000, 120_000)}
+    assert prepare.next_gamma(fits, over, 99_000, step, n_ff, gamma_of) == 23 * step / n_ff
+    # a slope pointing outside the bracket (noise): halfway instead
+    fits, over = {20 * step / n_ff: (20_000, 90_000)}, {24 * step / n_ff: (24_000, 89_000)}
+    assert prepare.next_gamma(fits, over, 99_000, step, n_ff, gamma_of) == 22 * step / n_ff
+    # neighbouring steps: nothing left to try
+    fits, over = {20 * step / n_ff: (20_000, 90_000)}, {21 * step / n_ff: (21_000, 101_000)}
+    assert prepare.next_gamma(fits, over, 99_000, step, n_ff, gamma_of) is None
+
+
 def test_a_budget_nothing_fits_says_what_the_process_needs(wide_model, cache, tmp_path):
     with pytest.raises(ConvertError, match="no load ratio fits .* besides the weights"):
         prepare.prepare(wide_model, tmp_path / "none.gguf", task="text", memory_budget="30M", layers="0:3",

@@ -142,7 +142,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         select_by=args.select_by, quants=args.quants, si_quants=args.si_quants, baselines=not args.no_baselines,
         tasks=tasks, n=args.n, n_threads=args.threads, speed_rounds=args.speed_rounds, n_prompt=args.n_prompt,
         n_gen=args.n_gen, memory_limit_bytes=parse_size(args.memory_limit) if args.memory_limit else None,
-        repack=not args.no_repack,
+        repack=not args.no_repack, prepare_budget=args.prepare_budget, n_ctx=args.ctx_size,
         command="selectinfer " + " ".join(sys.argv[1:]))
     for path in written:
         print(path)
@@ -328,6 +328,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-limit", metavar="SIZE",
                    help="run every configuration as on a device with SIZE of memory (cgroup; see `selectinfer "
                         "limit`): a model larger than SIZE runs from disk (offloading)")
+    p.add_argument("-c", "--ctx-size", type=int, default=2048, help="context of every configuration (default 2048)")
+    p.add_argument("--prepare-budget", metavar="SIZE",
+                   help="also `selectinfer prepare --memory-budget SIZE` (at --ctx-size) and run that file under a "
+                        "memory limit of SIZE: checks that it fits, within 2%% below, without paging")
     p.add_argument("--no-repack", action="store_true",
                    help="no weight repacking (its copies are anonymous memory, which --memory-limit cannot page out)")
     p.add_argument("-p", "--n-prompt", type=int, default=64)

@@ -62,6 +62,19 @@ def markdown(report: dict) -> str:
                      f"{_rate(r.get('prefill_tokens_per_s'))} | {_rate(r.get('decode_tokens_per_s'))} | "
                      + ("-" if speedup is None else f"{speedup:.2f}x") + " | "
                      + ("-" if speedup is None else f"{100 * speedup / ideal:.0f}%") + " |")
+    for r in (r for r in rows if r["family"] == "prepared"):
+        budget, peak, group = r["memory_limit_bytes"], r.get("peak_rss_bytes"), r.get("cgroup_peak_bytes")
+        faults = r.get("major_faults_timed")
+        fits = (peak is not None and (1 - 0.02) * budget <= peak <= budget and (group or 0) <= budget and faults == 0
+                and "error" not in r)
+        lines += ["", f"**{r['label']}** (`selectinfer prepare --memory-budget`), run under a memory limit equal to "
+                  f"its budget of {budget / MIB:.1f} MiB with the workload its peak was fitted to (a one-batch "
+                  f"prompt, 16 decoded tokens): cgroup peak {_mib(group)} MiB, peak RSS {_mib(peak)} MiB"
+                  + (f" ({100 * (1 - peak / budget):.1f}% below the budget)" if peak else "")
+                  + f", pages read again from disk while timed: {'-' if faults is None else faults}. "
+                  + ("Fits: within 2% below the budget, no paging." if fits else
+                     "Does not meet the budget check (within 2% below it, no paging)" +
+                     (f": {r['error']}" if "error" in r else ".")), ""]
     keys = [k for k in base.get("accuracy", {})]
     if keys:
         lines += ["", "## Accuracy (value [95% interval])", "",

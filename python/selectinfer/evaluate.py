@@ -176,9 +176,23 @@ class RunRequest:
     memory_limit_bytes: int | None = None  # run under a cgroup memory limit (memlimit.py)
 
 
+def prepared_config(source: Path, out_dir: Path, budget: str, task: str, profile: Path | None, n_ctx: int,
+                    n_threads: int, progress: bool) -> Config:
+    """The SelectInfer file `selectinfer prepare` fits to the budget (made once, then reused)."""
+    from .prepare import prepare
+
+    path = out_dir / "models" / f"{source.stem}.prepared-{budget}-ctx{n_ctx}.gguf"
+    _made(path, lambda p: prepare(source, p, task=task, memory_budget=budget, n_ctx=n_ctx, n_threads=n_threads,
+                                  profile=profile, progress=progress), [source] + ([profile] if profile else []))
+    gamma = float(_native.read_gguf_header(str(path))["kv"]["selectinfer.load_ratio"])
+    return Config(f"prepared to {budget} (gamma {gamma:.3f})", "prepared", str(path), {}, file_type_name(source),
+                  gamma=gamma)
+
+
 def run_config(req: RunRequest) -> dict:
     """The records of one configuration: per task the generations or token NLLs of each example;
     the peak RSS; with req.speed, prefill and decode tokens/s (medians of the rounds)."""
+    import resource
     import statistics
 
     from .bench import one_run, prompt_tokens
@@ -198,9 +212,12 @@ def run_config(req: RunRequest) -> dict:
         if req.speed:
             prompt = prompt_tokens(model, req.speed["n_prompt"])
             one_run(model, prompt, 4)  # warm-up: page in the weights
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
             runs = [one_run(model, prompt, req.speed["n_gen"]) for _ in range(req.speed["rounds"])]
             records["_speed"] = {"prefill_tokens_per_s": statistics.median(r[0] for r in runs),
                                  "decode_tokens_per_s": statistics.median(r[1] for r in runs)}
+            # pages read from disk again while timed: a model that fits its memory reads none
+            records["_major_faults_timed"] = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults
         records["_peak_rss_bytes"] = model.stats()["peak_rss_bytes"]
     return records
 
@@ -335,7 +352,7 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
              si_quants=("Q4_0", "Q8_0"), baselines: bool = True, tasks=tuple(TASKS), n: int = 40, n_threads: int = 0,
              speed_rounds: int = 3, n_prompt: int = 64, n_gen: int = 32, n_bootstrap: int = metrics.N_BOOTSTRAP,
              n_ctx: int = 2048, memory_limit_bytes: int | None = None, repack: bool = True, command: str = "",
-             progress: bool = True) -> tuple[dict, list[Path]]:
+             prepare_budget: str | None = None, progress: bool = True) -> tuple[dict, list[Path]]:
     """Builds the grid's files, runs every configuration in a child process of its own (tasks; speed
     too where it is not interleaved), the interleaved speed rounds, and writes the report; returns
     it and the files written.
@@ -345,7 +362,11 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
     configuration as on a device with that much memory: cgroup, its file evicted from the page
     cache first; one larger than the limit runs from disk, llama.cpp's mmap offloading), each
     configuration's child times its own rounds. repack=False keeps every weight in the mapped file
-    (ggml's repacked copies are anonymous memory, which a memory limit cannot page out)."""
+    (ggml's repacked copies are anonymous memory, which a memory limit cannot page out).
+    prepare_budget (e.g. "200M"): also the SelectInfer file `selectinfer prepare` fits to that
+    budget at n_ctx, run under a memory limit equal to the budget with the workload its peak was
+    measured with (prepare.budget_workload), counting the pages read again from disk while timed
+    (none when it fits)."""
     from tqdm import tqdm
 
     from .eval_report import write_report
@@ -361,6 +382,14 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
     configs = build_configs(source, out_dir, profile=profile, task=task, gammas=list(gammas), phis=list(phis),
                             select_by=list(select_by), quants=list(quants), si_quants=list(si_quants),
                             baselines=baselines, progress=progress)
+    from .convert import parse_size
+    from .prepare import budget_workload
+
+    limits = {}  # configuration label -> its own memory limit
+    if prepare_budget:
+        prepared = prepared_config(source, out_dir, prepare_budget, task, profile, n_ctx, n_threads, progress)
+        configs.append(prepared)
+        limits[prepared.label] = parse_size(prepare_budget)
     if not repack:
         for c in configs:
             c.model_kwargs["repack"] = False
@@ -372,17 +401,27 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
     runs.mkdir(exist_ok=True)
     records = []
     for config in tqdm(configs, desc="configurations", disable=not progress):
-        req = RunRequest(config, list(tasks), n, n_threads, n_ctx, speed, memory_limit_bytes)
-        records.append(run_in_child(req, runs) if tasks or speed or memory_limit_bytes else {})
+        limit = limits.get(config.label, memory_limit_bytes)
+        own_speed = speed
+        if config.label in limits:  # timed with the workload its budget was measured with
+            own_speed = {**budget_workload(n_ctx), "rounds": max(1, speed_rounds)}
+        req = RunRequest(config, list(tasks), n, n_threads, n_ctx, own_speed, limit)
+        records.append(run_in_child(req, runs) if tasks or own_speed or limit else {})
     scores = score(configs, records, list(tasks), n, n_bootstrap) if tasks else [{} for _ in configs]
     read = [read_bytes(c) for c in configs]
-    speeds = (measure_speed(configs, read, n_prompt, n_gen, speed_rounds, n_threads) if interleaved
-              else [rec.get("_speed", {}) for rec in records])
+    speeds = [rec.get("_speed", {}) for rec in records]
+    if interleaved:  # side by side, but for the configurations timed under a limit of their own
+        shared = [i for i, c in enumerate(configs) if c.label not in limits]
+        measured = measure_speed([configs[i] for i in shared], [read[i] for i in shared], n_prompt, n_gen,
+                                 speed_rounds, n_threads)
+        for i, sp in zip(shared, measured):
+            speeds[i] = sp
     rows = []
     for config, rec, sc, sp, r in zip(configs, records, scores, speeds, read):
         row = {**asdict(config), "model_bytes": Path(config.path).stat().st_size,
                "read_bytes_per_token": r, "peak_rss_bytes": rec.get("_peak_rss_bytes"),
-               "cgroup_peak_bytes": rec.get("_cgroup_peak_bytes"), **sp, **sc}
+               "cgroup_peak_bytes": rec.get("_cgroup_peak_bytes"), "major_faults_timed": rec.get("_major_faults_timed"),
+               "memory_limit_bytes": limits.get(config.label, memory_limit_bytes), **sp, **sc}
         if "_error" in rec:
             row["error"] = rec["_error"]
         rows.append(row)

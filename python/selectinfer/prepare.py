@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .paths import cache_dir, sha256_file
 
-MAX_FIT_ROUNDS = 5
+MAX_FIT_ROUNDS = 8
 CLOSE_BELOW = 0.02  # a fitted process peaks within 2% below the budget, where the file's steps allow
 
 
@@ -43,18 +43,55 @@ def cached_profile(model_path: str | os.PathLike, dataset_specs: list[str] | Non
     return path
 
 
+def budget_workload(n_ctx: int) -> dict:
+    """What a process does when its peak is measured against a budget: a prompt as long as one full
+    batch (512 tokens, the engine's n_batch; half the context if that is less: the compute buffers'
+    worst case) and 16 decode steps. The KV cache is cleared when the context is made, so all of
+    it counts."""
+    return {"n_prompt": max(1, min(512, n_ctx // 2)), "n_gen": 16, "rounds": 1}
+
+
 def measure_peak_rss(model_path: str | os.PathLike, n_ctx: int, n_threads: int = 0) -> int:
-    """Peak RSS of a fresh process that loads the model with an n_ctx context, evaluates a prompt
-    and decodes 16 tokens (evaluate.run_config, in a child of its own)."""
+    """Peak RSS of a fresh process that loads the model with an n_ctx context and runs
+    budget_workload (evaluate.run_config, in a child of its own)."""
     from .evaluate import Config, RunRequest, run_in_child
 
-    speed = {"n_prompt": max(1, min(256, n_ctx // 2)), "n_gen": 16, "rounds": 1}
+    speed = budget_workload(n_ctx)
     with tempfile.TemporaryDirectory() as runs:
         rec = run_in_child(RunRequest(Config("prepare", "measure", str(model_path)), [], 0, n_threads, n_ctx, speed),
                            Path(runs))
     if "_error" in rec:
         raise RuntimeError(f"could not run {model_path} to measure its memory: {rec['_error']}")
     return int(rec["_peak_rss_bytes"])
+
+
+def next_gamma(fits: dict, over: dict, target: int, step: int, n_ff: int, gamma_for_weights) -> float | None:
+    """The next gamma to try, from the trials so far (gamma -> (file bytes, peak)): where the
+    measured slope of the peak in the file's size says the peak meets `target` (compute buffers grow
+    with the loaded neurons too; slope 1 before two trials), kept strictly between the largest
+    gamma that fits and the smallest that does not (halfway where the slope points outside);
+    None when no gamma is left between them. Gammas are whole steps: k * step / n_ff."""
+    from .convert import ConvertError
+
+    lo = max(fits) if fits else 0.0
+    hi = min(over) if over else (n_ff + step) / n_ff
+    trials = sorted({**fits, **over}.items())
+    if fits and over:  # the bracket's own slope: the steps nearest the budget
+        (w0, p0), (w1, p1) = fits[lo], over[hi]
+    elif len(trials) > 1:
+        (w0, p0), (w1, p1) = trials[-2][1], trials[-1][1]
+    else:
+        (w0, p0), (w1, p1) = (0, 0), trials[-1][1]
+    slope = (p1 - p0) / (w1 - w0) if len(trials) > 1 and w1 != w0 and (p1 - p0) * (w1 - w0) > 0 else 1.0
+    try:
+        gamma = gamma_for_weights(int(w1 + (target - p1) / slope))
+    except ConvertError:
+        gamma = None
+    if gamma is None or not lo < gamma < hi:
+        gamma = round((lo + hi) / 2 * n_ff / step) * step / n_ff  # bisect the bracket, in whole steps
+        if not lo < gamma < hi or gamma > 1.0:
+            return None
+    return gamma
 
 
 @dataclass
@@ -70,18 +107,22 @@ class Prepared:
 def prepare(model_path: str | os.PathLike, output: str | os.PathLike, *, task: str = "qa",
             memory_budget: str | None = None, load_ratio: float | None = None, static_ratio: float = 0.3,
             layers: str | None = None, dataset_specs: list[str] | None = None, max_prompts: int = 40,
-            max_new_tokens: int = 128, n_ctx: int = 2048, n_threads: int = 0, progress: bool = True) -> Prepared:
-    """Profiles the model (cached) and writes its SelectInfer GGUF at load_ratio, or at the largest
-    gamma whose process fits memory_budget (measured)."""
-    from .convert import ConvertError, SourceGGUF, convert, fit_load_ratio, parse_layers, parse_size
+            max_new_tokens: int = 128, n_ctx: int = 2048, n_threads: int = 0, profile: str | os.PathLike | None = None,
+            progress: bool = True) -> Prepared:
+    """Profiles the model (cached; or takes `profile`, a profile of this file) and writes its
+    SelectInfer GGUF at load_ratio, or at the largest gamma whose process fits memory_budget
+    (measured)."""
+    from .convert import ConvertError, SourceGGUF, convert, fit_load_ratio, neuron_step, parse_layers, parse_size
 
     if (memory_budget is None) == (load_ratio is None):
         raise ValueError("give either a memory budget (--memory-budget 3G) or a load ratio (--load-ratio 0.7)")
     model_path, output = Path(model_path), Path(output)
     if not model_path.is_file():
         raise FileNotFoundError(f"model file not found: {model_path}")
-    profile = cached_profile(model_path, dataset_specs, max_prompts=max_prompts, max_new_tokens=max_new_tokens,
-                             n_threads=n_threads, progress=progress)
+    if profile is None:
+        profile = cached_profile(model_path, dataset_specs, max_prompts=max_prompts, max_new_tokens=max_new_tokens,
+                                 n_threads=n_threads, progress=progress)
+    profile = Path(profile)
 
     def write(gamma: float) -> None:
         convert(model_path, output, profile=profile, task=task, load_ratio=gamma, static_ratio=static_ratio,
@@ -98,27 +139,24 @@ def prepare(model_path: str | os.PathLike, output: str | os.PathLike, *, task: s
     layer_range = parse_layers(layers, n_layer)
     rest = measure_peak_rss(model_path, n_ctx, n_threads) - model_path.stat().st_size  # KV, buffers, runtime
     target = int((1 - CLOSE_BELOW / 2) * budget)
-    weights_budget = target - rest
-    trials = []  # (file bytes, measured peak): the peak's slope in the file's size, from the last two
-    best, written = None, None  # (gamma, peak) of the largest file that fitted; the gamma on disk
-    for _ in range(MAX_FIT_ROUNDS):
-        try:
-            gamma = fit_load_ratio(src, layer_range, n_ff, static_ratio, weights_budget)
-        except ConvertError:
-            break
-        if gamma == written or (best is not None and gamma <= best[0] and trials[-1][1] <= budget):
-            break  # nothing new to try
+    step = neuron_step(n_ff)  # a file's gammas are k * step / n_ff
+    try:
+        gamma = fit_load_ratio(src, layer_range, n_ff, static_ratio, target - rest)
+    except ConvertError:
+        gamma = None
+    fits, over = {}, {}  # gamma -> (file bytes, measured peak), at or under the budget / over it
+    written = None  # the gamma of the file on disk
+    for _ in range(MAX_FIT_ROUNDS if gamma is not None else 0):
         write(gamma)
         written, peak = gamma, measure_peak_rss(output, n_ctx, n_threads)
-        trials.append((output.stat().st_size, peak))
-        if peak <= budget and (best is None or gamma > best[0]):
-            best = (gamma, peak)
+        (fits if peak <= budget else over)[gamma] = (output.stat().st_size, peak)
         if budget >= peak >= (1 - CLOSE_BELOW) * budget or (peak <= budget and gamma >= 1.0):
             break
-        # compute buffers grow with the loaded neurons too: follow the measured slope (1 at first)
-        (w0, p0), (w1, p1) = trials[-2] if len(trials) > 1 else (0, 0), trials[-1]
-        slope = (p1 - p0) / (w1 - w0) if len(trials) > 1 and w1 != w0 and p1 > p0 else 1.0
-        weights_budget = int(w1 + (target - p1) / slope)
+        gamma = next_gamma(fits, over, target, step, n_ff,
+                           lambda weights: fit_load_ratio(src, layer_range, n_ff, static_ratio, weights))
+        if gamma is None:
+            break  # no file size left between one that fits and one that does not
+    best = (max(fits), fits[max(fits)][1]) if fits else None
     if best is None:
         output.unlink(missing_ok=True)
         raise ConvertError(f"no load ratio fits {budget / 2**20:.0f} MiB at a context of {n_ctx} tokens: besides "
