@@ -41,7 +41,7 @@ struct WeightRows {
     }
 };
 
-WeightRows weight_rows(const ggml_tensor * dst) {
+static WeightRows weight_rows(const ggml_tensor * dst) {
     const ggml_tensor * w = dst->src[0];
     const ggml_tensor * ids = dst->src[2];
     const ggml_tensor * act = dst->src[1];
@@ -156,7 +156,7 @@ template <template <ggml_type> class K, typename... A> void with_type(ggml_type 
     }
 }
 
-void mul_rows(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+static void mul_rows(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const WeightRows w = weight_rows(dst);
     if (w.n == 0) return;
     with_type<MulRows>(dst->src[0]->type, w, dst->src[1], dst, ctx.stream());
@@ -165,7 +165,7 @@ void mul_rows(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
 // The F32 rows of one GEMM chunk: bounds the scratch at 64 MiB whatever the layer's width.
 constexpr int64_t GEMM_CHUNK_FLOATS = 16 * 1024 * 1024;
 
-void mul_rows_t(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+static void mul_rows_t(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggml_tensor * hs = dst->src[1];
     const WeightRows w = weight_rows(dst);
     const int64_t E = dst->ne[0], T = hs->ne[1];
@@ -201,7 +201,7 @@ void mul_rows_t(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
 constexpr int SELECT_THREADS = 1024;
 
 // The exclusive count of the threads before this one whose flag is set, and the block's total.
-__device__ int block_prefix_count(bool flag, int & total) {
+static __device__ __forceinline__ int block_prefix_count(bool flag, int & total) {
     __shared__ int warp_counts[SELECT_THREADS / WARP_SIZE];
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE, n_warps = blockDim.x / WARP_SIZE;
     const unsigned ballot = __ballot_sync(0xffffffffu, flag);
@@ -284,7 +284,7 @@ __global__ void count_finish_kernel(const float * prev, const int * votes, int64
     if (i < n_load) out[i] = (prev ? prev[i] : 0.0f) + (float) votes[i];
 }
 
-void count(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+static void count(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggml_tensor * act = dst->src[0];
     const ggml_tensor * prev = dst->src[1];
     const int64_t n_load = act->ne[0], T = act->ne[1];
@@ -312,7 +312,7 @@ __global__ void select_kernel(const float * counts, int64_t n_load, int n_static
                 n_load - n_static, n_dynamic, [=](int64_t i, int64_t place) { out[n_static + place] = (int32_t) (n_static + i); });
 }
 
-void select(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+static void select(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggml_tensor * counts = dst->src[0];
     const int n_static = ggml_get_op_params_i32(dst, GGML_SI_SELECT_N_STATIC);
     const int n_dynamic = ggml_get_op_params_i32(dst, GGML_SI_SELECT_N_DYNAMIC);

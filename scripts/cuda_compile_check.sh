@@ -68,7 +68,9 @@ echo "cuda_compile_check: $("$NVCC" --version | tail -1)" >&2
 for arch in "${ARCHS[@]}"; do
   for f in "${FILES[@]}"; do
     start=$(date +%s)
-    "$NVCC" "${FLAGS[@]}" -arch="sm_$arch" -c "$f" -o "$tmp/out.o"
+    strict=()
+    [ "$f" = "${FILES[0]}" ] && strict=(-Werror all-warnings)  # ours: nvcc's warnings are errors
+    "$NVCC" "${FLAGS[@]}" "${strict[@]}" -arch="sm_$arch" -c "$f" -o "$tmp/out.o"
     echo "cuda_compile_check: sm_$arch $(basename "$f") compiled in $(( $(date +%s) - start )) s" >&2
   done
 done
