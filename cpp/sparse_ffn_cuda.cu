@@ -334,7 +334,9 @@ void ggml_si_cuda_compute_forward(ggml_backend_cuda_context & ctx, ggml_tensor *
 
 bool ggml_si_cuda_supports_op(const ggml_tensor * op) {
     switch (op->op) {
-        case GGML_OP_SI_MUL_ROWS:
+        case GGML_OP_SI_MUL_ROWS:  // tokens along the grid's y (at most 65535)
+            return ggml_si_has_fused_loop(op->src[0]->type) && op->src[0]->ne[0] % GROUP_VALUES == 0 &&
+                   op->src[1]->ne[1] <= 65535;
         case GGML_OP_SI_MUL_ROWS_T:
             return ggml_si_has_fused_loop(op->src[0]->type) && op->src[0]->ne[0] % GROUP_VALUES == 0;
         case GGML_OP_SI_COUNT:

@@ -70,7 +70,8 @@ def markdown(report: dict) -> str:
         lines += ["", f"**{r['label']}** (`selectinfer prepare --memory-budget`), run under a memory limit equal to "
                   f"its budget of {budget / MIB:.1f} MiB with the workload its peak was fitted to (a one-batch "
                   f"prompt, 16 decoded tokens): cgroup peak {_mib(group)} MiB, peak RSS {_mib(peak)} MiB"
-                  + (f" ({100 * (1 - peak / budget):.1f}% below the budget)" if peak else "")
+                  + (f" ({100 * abs(1 - peak / budget):.1f}% {'below' if peak <= budget else 'above'} the budget)"
+                     if peak else "")
                   + f", pages read again from disk while timed: {'-' if faults is None else faults}. "
                   + ("Fits: within 2% below the budget, no paging." if fits else
                      "Does not meet the budget check (within 2% below it, no paging)" +

@@ -401,12 +401,17 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
     runs.mkdir(exist_ok=True)
     records = []
     for config in tqdm(configs, desc="configurations", disable=not progress):
-        limit = limits.get(config.label, memory_limit_bytes)
-        own_speed = speed
-        if config.label in limits:  # timed with the workload its budget was measured with
-            own_speed = {**budget_workload(n_ctx), "rounds": max(1, speed_rounds)}
-        req = RunRequest(config, list(tasks), n, n_threads, n_ctx, own_speed, limit)
-        records.append(run_in_child(req, runs) if tasks or own_speed or limit else {})
+        if config.label not in limits:
+            req = RunRequest(config, list(tasks), n, n_threads, n_ctx, speed, memory_limit_bytes)
+            records.append(run_in_child(req, runs) if tasks or speed or memory_limit_bytes else {})
+            continue
+        # a prepared file: its tasks as every configuration's, then, in a process of its own under
+        # a limit equal to its budget, the workload its peak was fitted to (memory, speed, paging)
+        rec = run_in_child(RunRequest(config, list(tasks), n, n_threads, n_ctx), runs) if tasks else {}
+        check = run_in_child(RunRequest(config, [], 0, n_threads, n_ctx,
+                                        {**budget_workload(n_ctx), "rounds": max(1, speed_rounds)},
+                                        limits[config.label]), runs)
+        records.append({**rec, **{k: v for k, v in check.items() if k.startswith("_")}})
     scores = score(configs, records, list(tasks), n, n_bootstrap) if tasks else [{} for _ in configs]
     read = [read_bytes(c) for c in configs]
     speeds = [rec.get("_speed", {}) for rec in records]
