@@ -5,28 +5,18 @@
 #pragma once
 
 #include "ggml.h"
+#include "host_device.h"
 
 #include <cstdint>
 #include <cstring>
 
 #if defined(__CUDACC__)
 #include <cuda_fp16.h>
-#define SI_HD __host__ __device__ __forceinline__
-#else
-#define SI_HD inline
 #endif
 
 namespace si_decode {
 
-SI_HD float bits_to_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-    return __uint_as_float(u);
-#else
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-#endif
-}
+using si_hd::bits_float;
 
 // Every 16-bit field of these formats sits at an even offset of a row, and rows start aligned:
 // the device reads it whole, the host byte-wise (little-endian).
@@ -58,13 +48,13 @@ SI_HD float fp16_to_float(uint16_t h) {
         const float v = (float) mant * 5.9604644775390625e-08f;
         return sign ? -v : v;
     }
-    if (exp == 31) return bits_to_float(sign | 0x7f800000u | (mant << 13));
-    return bits_to_float(sign | ((exp + 112) << 23) | (mant << 13));
+    if (exp == 31) return bits_float(sign | 0x7f800000u | (mant << 13));
+    return bits_float(sign | ((exp + 112) << 23) | (mant << 13));
 #endif
 }
 
 SI_HD float fp16_at(const uint8_t * p) { return fp16_to_float(u16_at(p)); }
-SI_HD float bf16_at(const uint8_t * p) { return bits_to_float((uint32_t) u16_at(p) << 16); }
+SI_HD float bf16_at(const uint8_t * p) { return bits_float((uint32_t) u16_at(p) << 16); }
 
 // The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block's 12 scale bytes.
 SI_HD void k_scale_min(const uint8_t * q, int j, float & scale, float & min) {

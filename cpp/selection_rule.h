@@ -9,42 +9,20 @@
 // step each pass takes over the histogram of the candidates' next eight bits.
 #pragma once
 
+#include "host_device.h"
+
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-
-#if defined(__CUDACC__)
-#define SI_RULE_HD __host__ __device__ __forceinline__
-#else
-#define SI_RULE_HD inline
-#endif
 
 namespace si_rule {
 
-SI_RULE_HD uint32_t float_bits(float x) {
-#if defined(__CUDA_ARCH__)
-    return __float_as_uint(x);
-#else
-    uint32_t u;
-    std::memcpy(&u, &x, sizeof u);
-    return u;
-#endif
-}
-
-SI_RULE_HD float bits_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-    return __uint_as_float(u);
-#else
-    float x;
-    std::memcpy(&x, &u, sizeof x);
-    return x;
-#endif
-}
+using si_hd::bits_float;
+using si_hd::float_bits;
 
 // The key a token's neuron is ranked by: NaN ranks below every number (a broken activation is
 // never chosen over a real one), and -0 equals +0 (as the comparison of floats has it). On the
 // bits, so that a device flushing subnormals to zero ranks them as the CPU does.
-SI_RULE_HD float rank_key(float a, bool by_magnitude) {
+SI_HD float rank_key(float a, bool by_magnitude) {
     uint32_t u = float_bits(a);
     if ((u & 0x7fffffffu) > 0x7f800000u) return bits_float(0xff800000u);  // NaN: -inf
     if (by_magnitude || u == 0x80000000u) u &= 0x7fffffffu;
@@ -53,14 +31,14 @@ SI_RULE_HD float rank_key(float a, bool by_magnitude) {
 
 // k, the number of neurons each token of a batch votes for: alpha times the mean number of
 // positive activations per token, rounded half away from zero, at most n_load.
-SI_RULE_HD int64_t top_k(float alpha, int64_t positives, int64_t n_tokens, int64_t n_load) {
+SI_HD int64_t top_k(float alpha, int64_t positives, int64_t n_tokens, int64_t n_load) {
     if (n_tokens <= 0) return 0;
     const int64_t k = llround((double) alpha * (double) positives / (double) n_tokens);
     return k < n_load ? k : n_load;
 }
 
 // An unsigned integer in the order of the float keys (no NaN: rank_key maps NaN to -inf).
-SI_RULE_HD uint32_t order_bits(float key) {
+SI_HD uint32_t order_bits(float key) {
     const uint32_t u = float_bits(key);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
@@ -70,7 +48,7 @@ SI_RULE_HD uint32_t order_bits(float key) {
 // among the candidates (1 = the largest); returns the digit that holds it and lowers `wanted` by
 // the candidates with a larger digit, so that after the last pass `wanted` is how many keys equal
 // to the k-th largest are taken (the lowest rows).
-SI_RULE_HD int next_digit(const int * hist, int64_t & wanted) {
+SI_HD int next_digit(const int * hist, int64_t & wanted) {
     int64_t above = 0;
     for (int d = 255; d > 0; --d) {
         if (above + hist[d] >= wanted) {

@@ -148,3 +148,22 @@ def ggml_include() -> Path:
     src = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(src)
     return src.patched_tree(Path(__file__).resolve().parents[1] / "ggml-patches") / "ggml" / "include"
+
+
+# inputs and outputs of _native.run_sparse_op: (ggml type, ne in ggml order, raw bytes)
+def f32(a):
+    from gguf import GGMLQuantizationType as T
+
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    return (int(T.F32), list(reversed(a.shape)), a.tobytes())
+
+
+def i32(a):
+    from gguf import GGMLQuantizationType as T
+
+    a = np.ascontiguousarray(a, dtype=np.int32)
+    return (int(T.I32), [len(a)], a.tobytes())
+
+
+def out_f32(raw, shape):
+    return np.frombuffer(raw, dtype=np.float32).reshape(shape)

@@ -7,7 +7,7 @@ one). The logic the kernels share with the host is checked everywhere (tests/tes
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from helpers import stored_rows
+from helpers import f32, i32, stored_rows
 from reference import reference_choose, reference_count
 
 from selectinfer import Model, _native
@@ -33,16 +33,6 @@ def weights(type_name, rows, cols, seed):
     else:
         raw, stored = stored_rows(type_name, values)
     return (int(T[type_name]), [cols, rows], np.ascontiguousarray(raw).tobytes()), stored
-
-
-def f32(a):
-    a = np.ascontiguousarray(a, dtype=np.float32)
-    return (int(T.F32), list(reversed(a.shape)), a.tobytes())
-
-
-def i32(a):
-    a = np.ascontiguousarray(a, dtype=np.int32)
-    return (int(T.I32), [len(a)], a.tobytes())
 
 
 def run(device, op, inputs, shape, dtype=np.float32, **kw):

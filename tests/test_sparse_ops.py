@@ -3,7 +3,7 @@ every supported weight type, odd sizes, 1 and several threads (like upstream's t
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from helpers import stored_rows
+from helpers import f32, i32, out_f32, stored_rows
 from reference import reference_choose, reference_count, reference_select
 
 from selectinfer import _native
@@ -21,20 +21,6 @@ def weights(type_name, rows, cols, seed):
     values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
     raw, stored = stored_rows(type_name, values)
     return (int(T[type_name]), [cols, rows], raw.tobytes()), stored
-
-
-def f32(a):
-    a = np.ascontiguousarray(a, dtype=np.float32)
-    return (int(T.F32), list(reversed(a.shape)), a.tobytes())
-
-
-def i32(a):
-    a = np.ascontiguousarray(a, dtype=np.int32)
-    return (int(T.I32), [len(a)], a.tobytes())
-
-
-def out_f32(raw, shape):
-    return np.frombuffer(raw, dtype=np.float32).reshape(shape)
 
 
 @pytest.mark.parametrize("type_name", TYPES)
