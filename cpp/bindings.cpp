@@ -163,6 +163,18 @@ PYBIND11_MODULE(_native, m) {
 
     py::class_<SelectionOverrides>(m, "SelectionOverrides")
         .def(py::init<>())
+        .def_property(
+            "strategy",
+            [](const SelectionOverrides & o) -> std::optional<std::string> {
+                if (!o.strategy) return std::nullopt;
+                return std::string(strategy_name(*o.strategy));
+            },
+            [](SelectionOverrides & o, const std::optional<std::string> & name) {
+                o.strategy = name ? strategy_named(*name) : std::nullopt;
+                if (name && !o.strategy) {
+                    throw py::value_error("strategy must be " + std::string(kStrategyNames) + ", got '" + *name + "'");
+                }
+            })
         .def_readwrite("compute_ratio", &SelectionOverrides::compute_ratio)
         .def_readwrite("token_ratio", &SelectionOverrides::token_ratio)
         .def_readwrite("by_magnitude", &SelectionOverrides::by_magnitude)
@@ -245,6 +257,7 @@ PYBIND11_MODULE(_native, m) {
         .def("selection_config", [](const Engine & e) {
             SelectionConfig c = e.selection_config();
             py::dict d;
+            d["strategy"] = strategy_name(c.strategy);
             d["compute_ratio"] = c.compute_ratio;
             d["token_ratio"] = c.token_ratio;
             d["select_by"] = c.by_magnitude ? "magnitude" : "value";

@@ -94,18 +94,6 @@ inline f32v f16_lanes(const void * p) {
 #endif
 }
 
-// K-quants: a super-block of 256 values is eight 32-value blocks with 6-bit scales and mins
-// packed in 12 bytes (Q4_K, Q5_K): block j's scale and min.
-inline void k_scale_min(const uint8_t * scales, int j, float & scale, float & min) {
-    if (j < 4) {
-        scale = scales[j] & 63;
-        min = scales[j + 4] & 63;
-    } else {
-        scale = (scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4);
-        min = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
-    }
-}
-
 // Sixteen bytes as floats (16 / LANES vectors). Byte arithmetic stays in 16-byte vectors: GCC
 // scalarizes shifts of an 8-byte vector on x86.
 inline void bytes_to_f32(u8x16 q, f32v * out) {
@@ -174,7 +162,9 @@ inline void k_super_scales(const uint8_t * sb, float v, float * scale, float * o
             offset[u] -= 32.0f * scale[u];
         }
     } else {
-        // the 6-bit scales and mins of the eight blocks, four bytes at a time (k_scale_min)
+        // Q4_K, Q5_K: 12 bytes hold the eight blocks' 6-bit scales and mins: bytes 0-3 scales 0-3
+        // (low 6 bits), 4-7 mins 0-3, 8-11 the low 4 bits of scales 4-7 and (high nibble) mins 4-7,
+        // whose top 2 bits are the top bits of bytes 0-3 (scales) and 4-7 (mins); four bytes at a time
         uint32_t w[3];
         std::memcpy(w, sb + 4, 12);
         const uint32_t packed[4] = {
@@ -245,22 +235,6 @@ inline void quant_block(const char * row, int64_t b, f32v * q, BlockScale & s) {
         bytes_to_f32(packed >> 4, q + HALF);
         const float d = fp16(blk), offset = with_min ? fp16(blk + 2) : -8.0f * d;
         s = {{d, d}, {offset, offset}};
-    } else if constexpr (T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K) {
-        const uint8_t * sb = (const uint8_t *) row + k_super_bytes<T> * (b / 8);
-        const int j = (int) (b % 8);
-        float scale, min;
-        k_scale_min(sb + 4, j, scale, min);
-        k_block_q<T>(sb, j, q);
-        const float d = fp16(sb) * scale, offset = -fp16(sb + 2) * min;
-        s = {{d, d}, {offset, offset}};
-    } else if constexpr (T == GGML_TYPE_Q6_K) {
-        const uint8_t * sb = (const uint8_t *) row + k_super_bytes<T> * (b / 8);
-        const int j = (int) (b % 8);
-        k_block_q<T>(sb, j, q);
-        for (int h = 0; h < 2; ++h) {
-            s.scale[h] = fp16(sb + 208) * (float) (int8_t) sb[192 + 2 * j + h];
-            s.offset[h] = -32.0f * s.scale[h];
-        }
     }
 }
 
@@ -269,6 +243,13 @@ template <ggml_type T>
 inline void block_values(const char * row, int64_t b, f32v * out) {
     if constexpr (is_float_type<T>) {
         float_block<T>(row, b, out);
+    } else if constexpr (is_k_quant<T>) {  // a block alone: rare (whole super-blocks go faster)
+        const uint8_t * sb = (const uint8_t *) row + k_super_bytes<T> * (b / 8);
+        const int j = (int) (b % 8);
+        float scale[16], offset[16] = {};
+        k_super_scales<T>(sb, 1.0f, scale, offset);
+        k_block_q<T>(sb, j, out);
+        for (int p = 0; p < PARTS; ++p) out[p] = splat(scale[2 * j + p / HALF]) * out[p] + offset[2 * j + p / HALF];
     } else {
         BlockScale s;
         quant_block<T>(row, b, out, s);
@@ -353,14 +334,37 @@ template <ggml_type T> struct DotRows {
 };
 
 // Blocks [b0, b0 + n_blocks) of 32 values of a row as floats, converted in registers (ggml's
-// to_float is scalar code for most quantized types).
+// to_float is scalar code for most quantized types); K-quants a super-block at a time where the
+// range holds whole ones (their scales unpacked once).
 template <ggml_type T> struct BlocksToFloat {
     static void run(const char * row, int64_t b0, int64_t n_blocks, float * out) {
+        if constexpr (is_k_quant<T>) {
+            if (b0 % 8 == 0 && n_blocks % 8 == 0) {
+                for (int64_t sb = b0 / 8; sb < (b0 + n_blocks) / 8; ++sb, out += 256) {
+                    super_block_to_float((const uint8_t *) row + k_super_bytes<T> * sb, out);
+                }
+                return;
+            }
+        }
         for (int64_t b = 0; b < n_blocks; ++b) {
             f32v vals[PARTS];
             block_values<T>(row, b0 + b, vals);
             std::memcpy(out + 32 * b, vals, sizeof vals);
         }
+    }
+
+    static void super_block_to_float(const uint8_t * sb, float * out) {
+        float scale[16], offset[16] = {};
+        k_super_scales<T>(sb, 1.0f, scale, offset);
+        unroll<8>([&](auto J) {
+            constexpr int j = decltype(J)::value;
+            f32v q[PARTS];
+            k_block_q<T>(sb, j, q);
+            for (int p = 0; p < PARTS; ++p) {
+                const f32v value = splat(scale[2 * j + p / HALF]) * q[p] + offset[2 * j + p / HALF];
+                std::memcpy(out + 32 * j + LANES * p, &value, sizeof value);
+            }
+        });
     }
 };
 

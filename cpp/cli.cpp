@@ -48,7 +48,10 @@ const char * kUsage =
     "  -fa,  --flash-attn on|off|auto  flash attention (default auto)\n"
     "        --compute-ratio PHI   SelectInfer: neurons computed per layer at decode, of the original N\n"
     "        --token-ratio ALPHA   SelectInfer: per-token top-k fraction for the selection (0, 1]\n"
-    "        --select-by value|magnitude  SelectInfer: rank a token's neurons by a or |a|\n"
+    "        --strategy NAME       SelectInfer: how decode's neurons are chosen: frequency (default) or\n"
+    "                              sum-magnitude by the prompt, fixed (the best-ranked loaded ones), or\n"
+    "                              gate-guided (each step: gate over the loaded ones, up and down for the best)\n"
+    "        --select-by value|magnitude  SelectInfer, frequency: rank a token's neurons by a or |a|\n"
     "        --dense-ffn           SelectInfer: compute every loaded neuron (no selection)\n"
     "        --coreinfer           SelectInfer: CoreInfer mode, no static neurons (use a gamma 1, delta 0 file)\n"
     "        --no-mmap             read the weights into memory instead of mapping the file\n"
@@ -112,6 +115,13 @@ CliArgs parse_args(int argc, char ** argv) {
         }
         else if (a == "--compute-ratio") args.model.selection.compute_ratio = parse_number<float>(a, value(i));
         else if (a == "--token-ratio") args.model.selection.token_ratio = parse_number<float>(a, value(i));
+        else if (a == "--strategy") {
+            const std::string v = value(i);
+            args.model.selection.strategy = strategy_named(v);
+            if (!args.model.selection.strategy) {
+                usage_error("invalid value '" + v + "' for --strategy (" + kStrategyNames + ")");
+            }
+        }
         else if (a == "--select-by") {
             const std::string v = value(i);
             if (v != "value" && v != "magnitude") usage_error("invalid value '" + v + "' for --select-by (value or magnitude)");

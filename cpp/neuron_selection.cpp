@@ -46,7 +46,27 @@ constexpr float kDefaultTokenRatio = 0.2f;
 
 }  // namespace
 
+const char * const kStrategyNames = "frequency, sum-magnitude, fixed or gate-guided";
+
+const char * strategy_name(Strategy strategy) {
+    switch (strategy) {
+        case Strategy::frequency:     return "frequency";
+        case Strategy::sum_magnitude: return "sum-magnitude";
+        case Strategy::fixed:         return "fixed";
+        case Strategy::gate_guided:   return "gate-guided";
+    }
+    return "?";
+}
+
+std::optional<Strategy> strategy_named(const std::string & name) {
+    for (Strategy s : {Strategy::frequency, Strategy::sum_magnitude, Strategy::fixed, Strategy::gate_guided}) {
+        if (name == strategy_name(s)) return s;
+    }
+    return std::nullopt;
+}
+
 SelectionConfig SelectionOverrides::applied_to(SelectionConfig c) const {
+    if (strategy) c.strategy = *strategy;
     if (compute_ratio) c.compute_ratio = *compute_ratio;
     if (token_ratio) c.token_ratio = *token_ratio;
     if (by_magnitude) c.by_magnitude = *by_magnitude;
@@ -57,6 +77,12 @@ SelectionConfig SelectionOverrides::applied_to(SelectionConfig c) const {
 
 SelectionOverrides SelectionOverrides::from_environment() {
     SelectionOverrides o;
+    if (const char * name = std::getenv("SELECTINFER_STRATEGY"); name && *name) {
+        o.strategy = strategy_named(name);
+        if (!o.strategy) {
+            throw std::invalid_argument(std::string("SELECTINFER_STRATEGY='") + name + "': use " + kStrategyNames);
+        }
+    }
     o.compute_ratio = env_float("SELECTINFER_COMPUTE_RATIO");
     o.token_ratio = env_float("SELECTINFER_TOKEN_RATIO");
     if (const char * by = std::getenv("SELECTINFER_SELECT_BY"); by && *by) {
@@ -162,6 +188,11 @@ void NeuronSelection::validate(const SelectionConfig & cfg) const {
             << " and the load ratio (gamma) " << info_.load_ratio;
         throw std::invalid_argument(msg.str());
     }
+    if (cfg.by_magnitude && cfg.strategy != Strategy::frequency) {
+        throw std::invalid_argument(std::string("selecting by magnitude ranks each token's neurons for the frequency "
+                                                "strategy; the ") + strategy_name(cfg.strategy) +
+                                    " strategy does not rank tokens: leave select-by at value");
+    }
     if (!(cfg.token_ratio > 0 && cfg.token_ratio <= 1)) {
         std::ostringstream msg;
         msg << "token ratio (alpha) must be in (0, 1], got " << cfg.token_ratio;
@@ -241,14 +272,19 @@ ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, l
     const SiFfnWeights weights = SiFfnWeights::of(w);
     const bool all_loaded = config_.dense || l.n_select == l.n_load;
     if (!prompt && !all_loaded) {
-        return build_sparse_ffn(ctx, weights, x, ids, l.n_select - l.n_static);
+        if (config_.strategy != Strategy::gate_guided) {
+            return build_sparse_ffn(ctx, weights, x, ids, l.n_select - l.n_static);
+        }
+        if (x->ne[1] == 1) {  // (the engine decodes a token at a time; more go dense, below)
+            return build_gate_guided_ffn(ctx, weights, x, l.n_select - l.n_static);
+        }
     }
     // dense over the loaded neurons; a prompt selects its neurons in the same graph
     const LoadedFfn loaded = build_loaded_ffn(ctx, weights, x);
-    if (prompt && !all_loaded) {
+    if (prompt && !all_loaded && prompt_chooses(config_.strategy)) {
         ggml_tensor * counts = (*counts_)[layer_index_[il]];
         const SelectionNodes chosen = build_selection(ctx, loaded.act, counts, l.n_static, l.n_select - l.n_static,
-                                                      config_.token_ratio, config_.by_magnitude);
+                                                      config_);
         ggml_build_forward_expand(gf, ggml_cpy(ctx, chosen.counts, counts));
         ggml_build_forward_expand(gf, ggml_cpy(ctx, chosen.ids, ids));
     }
@@ -280,15 +316,21 @@ LoadedFfn build_loaded_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tens
     return {ggml_concat(ctx, act_static, act_dynamic, 0), ggml_add(ctx, out_static, out_dynamic)};
 }
 
+namespace {
+
+// The static neurons' FFN output (nullptr without any): upstream's matmul over whole tensors (on
+// repacked weights where ggml repacks them), which reads a contiguous block faster than any gather.
+ggml_tensor * static_block(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x) {
+    if (w.n_static == 0) return nullptr;
+    ggml_tensor * act = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, w.gate, x), ggml_mul_mat(ctx, w.up, x));
+    return ggml_mul_mat(ctx, w.down_static, act);
+}
+
+}  // namespace
+
 ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, ggml_tensor * ids,
                                int n_dynamic) {
-    ggml_tensor * out = nullptr;
-    if (w.n_static > 0) {
-        // the static neurons: upstream's matmul over whole tensors (on repacked weights where ggml
-        // repacks them), which reads a contiguous block faster than any row gather
-        ggml_tensor * act = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, w.gate, x), ggml_mul_mat(ctx, w.up, x));
-        out = ggml_mul_mat(ctx, w.down_static, act);
-    }
+    ggml_tensor * out = static_block(ctx, w, x);
     if (n_dynamic > 0) {
         ggml_tensor * dynamic = ggml_view_1d(ctx, ids, n_dynamic, w.n_static * sizeof(int32_t));
         ggml_tensor * act = ggml_swiglu_split(ctx, ggml_si_mul_rows(ctx, w.gathered_gate(), x, dynamic, w.n_static),
@@ -299,10 +341,34 @@ ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_
     return out;
 }
 
+ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic) {
+    ggml_tensor * out = static_block(ctx, w, x);
+    if (n_dynamic > 0) {
+        // gate over every gathered neuron (upstream's matmul), the score |silu(gate)|, and the
+        // n_dynamic best rows of the gathered tensors (ids from 0: row 0 is neuron n_static)
+        ggml_tensor * gate = ggml_mul_mat(ctx, w.gathered_gate(), x);  // [n_gathered, 1]
+        ggml_tensor * chosen = ggml_si_select(ctx, ggml_abs(ctx, ggml_silu(ctx, gate)), 0, n_dynamic);
+        ggml_tensor * gate_chosen = ggml_get_rows(ctx, ggml_reshape_2d(ctx, gate, 1, gate->ne[0]), chosen);  // [1, n]
+        ggml_tensor * up = ggml_si_mul_rows(ctx, w.gathered_up(), x, chosen, 0);                               // [n, 1]
+        ggml_tensor * act = ggml_swiglu_split(ctx, ggml_reshape_2d(ctx, gate_chosen, n_dynamic, 1), up);
+        ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, chosen, 0);
+        out = out ? ggml_add(ctx, out, part) : part;
+    }
+    return out;
+}
+
 SelectionNodes build_selection(ggml_context * ctx, ggml_tensor * act, ggml_tensor * counts, int n_static,
-                               int n_dynamic, float alpha, bool by_magnitude) {
-    ggml_tensor * counted = ggml_si_count(ctx, act, counts, alpha, by_magnitude);
-    return {counted, ggml_si_select(ctx, counted, n_static, n_dynamic)};
+                               int n_dynamic, const SelectionConfig & config) {
+    ggml_tensor * scores = nullptr;
+    if (config.strategy == Strategy::sum_magnitude) {
+        // the sum over the batch's tokens of |a|, by upstream's ops (so on any backend)
+        ggml_tensor * by_neuron = ggml_cont(ctx, ggml_transpose(ctx, ggml_abs(ctx, act)));  // [T, n_load]
+        scores = ggml_reshape_1d(ctx, ggml_sum_rows(ctx, by_neuron), act->ne[0]);
+        if (counts) scores = ggml_add(ctx, scores, counts);
+    } else {
+        scores = ggml_si_count(ctx, act, counts, config.token_ratio, config.by_magnitude);
+    }
+    return {scores, ggml_si_select(ctx, scores, n_static, n_dynamic)};
 }
 
 bool NeuronSelection::graph_reusable() const {
@@ -311,6 +377,9 @@ bool NeuronSelection::graph_reusable() const {
 
 std::vector<std::vector<int32_t>> NeuronSelection::selected() const {
     std::vector<std::vector<int32_t>> out;
+    if (config_.strategy == Strategy::gate_guided) {  // each decode step chooses its own
+        return std::vector<std::vector<int32_t>>(layers_.size());
+    }
     for (size_t i = 0; i < layers_.size(); ++i) {
         std::vector<int32_t> v(layers_[i].n_select);
         ggml_backend_tensor_get((*ids_)[i], v.data(), 0, v.size() * sizeof(int32_t));

@@ -28,12 +28,26 @@ namespace selectinfer {
 
 struct SiModelInfo;
 
+// How the neurons a decode step computes (besides the static ones) are chosen:
+//   frequency      by the prompt, the method's: the neurons most often among a token's top k (alpha)
+//   sum_magnitude  by the prompt: the largest sum over its tokens of |a|
+//   fixed          no choice: the best-ranked loaded neurons (stored first), the same for every prompt
+//   gate_guided    by each decode step: gate over every loaded neuron, then up and down only for
+//                  the ones with the largest |act(gate)| (no prompt choice)
+enum class Strategy { frequency, sum_magnitude, fixed, gate_guided };
+const char * strategy_name(Strategy strategy);  // "frequency", "sum-magnitude", "fixed", "gate-guided"
+std::optional<Strategy> strategy_named(const std::string & name);
+extern const char * const kStrategyNames;       // "frequency, sum-magnitude, fixed or gate-guided"
+// Whether the prompt chooses the neurons (frequency, sum_magnitude).
+inline bool prompt_chooses(Strategy s) { return s == Strategy::frequency || s == Strategy::sum_magnitude; }
+
 // How a SelectInfer model computes its FFN at decode (the file's defaults, then the
 // SELECTINFER_* environment, then the caller's SelectionOverrides).
 struct SelectionConfig {
+    Strategy strategy   = Strategy::frequency;
     float compute_ratio = -1;    // phi, fraction of the original N computed per layer
     float token_ratio   = -1;    // alpha, k = round(alpha * mean positive activations)
-    bool  by_magnitude  = false; // rank a token's neurons by |a| instead of a
+    bool  by_magnitude  = false; // frequency: rank a token's neurons by |a| instead of a
     bool  dense         = false; // compute every loaded neuron (no selection)
     bool  coreinfer     = false; // CoreInfer: no static neurons, the prompt chooses all phi N (0 < phi <= gamma);
                                  // the method itself with a gamma = 1, delta = 0 file
@@ -42,6 +56,7 @@ struct SelectionConfig {
 // Settings given explicitly; an unset one keeps the value it overrides. The environment is read
 // into one (from_environment) and a program's own (Model(...), selectinfer-cli) applies after it.
 struct SelectionOverrides {
+    std::optional<Strategy> strategy;
     std::optional<float> compute_ratio;
     std::optional<float> token_ratio;
     std::optional<bool>  by_magnitude;
@@ -50,11 +65,11 @@ struct SelectionOverrides {
 
     // Whether these ask for selective computation at all (settings that only restate the default do not).
     bool ask_for_selection() const {
-        return compute_ratio || token_ratio || by_magnitude.value_or(false) || dense.value_or(false) ||
-               coreinfer.value_or(false);
+        return (strategy && *strategy != Strategy::frequency) || compute_ratio || token_ratio ||
+               by_magnitude.value_or(false) || dense.value_or(false) || coreinfer.value_or(false);
     }
     SelectionConfig applied_to(SelectionConfig config) const;
-    // SELECTINFER_COMPUTE_RATIO, _TOKEN_RATIO, _SELECT_BY (value|magnitude), _DENSE, _COREINFER (0|1);
+    // SELECTINFER_STRATEGY, _COMPUTE_RATIO, _TOKEN_RATIO, _SELECT_BY (value|magnitude), _DENSE, _COREINFER (0|1);
     // throws std::invalid_argument naming a malformed variable.
     static SelectionOverrides from_environment();
 };
@@ -105,14 +120,19 @@ LoadedFfn build_loaded_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tens
 ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, ggml_tensor * ids,
                                int n_dynamic);
 
-// A prompt batch's selection from its activations act [n_load, T]: the running counts (this
-// batch's votes added to `counts`, the previous batches'; nullptr: from zero) and the chosen rows.
+// A gate-guided decode step (one token): the static block as build_sparse_ffn, then gate over every
+// gathered neuron, and up and down for the n_dynamic of them with the largest |silu(gate)|.
+ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic);
+
+// A prompt batch's selection from its activations act [n_load, T] by a choosing strategy
+// (frequency or sum_magnitude): the running scores (this batch's added to `counts`, the previous
+// batches'; nullptr: from zero) and the chosen rows.
 struct SelectionNodes {
     ggml_tensor * counts;
     ggml_tensor * ids;
 };
 SelectionNodes build_selection(ggml_context * ctx, ggml_tensor * act, ggml_tensor * counts, int n_static,
-                               int n_dynamic, float alpha, bool by_magnitude);
+                               int n_dynamic, const SelectionConfig & config);
 
 class NeuronSelection {
 public:
@@ -148,7 +168,8 @@ public:
     // (a one-token prompt and a decode step have the same shapes but different graphs).
     bool graph_reusable() const;
 
-    // The neurons (rows of the layer's FFN matrices) each SelectInfer layer computes at decode.
+    // The neurons (rows of the layer's FFN matrices) each SelectInfer layer computes at decode
+    // (none for gate_guided, whose decode steps choose their own).
     std::vector<std::vector<int32_t>> selected() const;
     std::vector<int> layers() const;
     // The last layer sees only the output tokens of a prompt: a caller that wants its selection

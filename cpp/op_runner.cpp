@@ -258,8 +258,10 @@ std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type
     if (n_tokens == 1) {  // the engine's decode graph: static block by mul_mat, dynamic rows by the sparse ops
         steps.push_back({"selected FFN", {build_sparse_ffn(c, si, x, ids, (int) (n_select - n_static))}});
     } else {  // a prompt computes the loaded layer and selects
+        SelectionConfig frequency;  // the method's, alpha 0.2
+        frequency.token_ratio = 0.2f;
         steps.push_back({"selection", {build_selection(c, leaf(n_load), nullptr, (int) n_static, (int) (n_select - n_static),
-                                                       0.2f, false).ids}});
+                                                       frequency).ids}});
     }
     std::vector<std::pair<std::string, std::vector<double>>> times;
     std::vector<ggml_cgraph *> graphs;

@@ -155,6 +155,12 @@ def reference_choose(counts: np.ndarray, n_static: int, n_dynamic: int) -> list[
     return list(range(n_static)) + sorted(candidates[:n_dynamic])
 
 
+def reference_sum_magnitude(act: np.ndarray, n_static: int, n_dynamic: int) -> list[int]:
+    """The sum-magnitude strategy's selection for a prompt act [T, n_load]: the static rows, then
+    the others with the largest sum over the prompt's tokens of |a|."""
+    return reference_choose(np.abs(act.astype(np.float64)).sum(axis=0), n_static, n_dynamic)
+
+
 def reference_select(act: np.ndarray, n_static: int, n_dynamic: int, alpha: float, by_magnitude: bool,
                      n_batch: int | None = None) -> list[int]:
     """The selection of a prompt act [T, n_load] evaluated in batches of n_batch tokens (one batch

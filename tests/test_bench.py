@@ -32,6 +32,10 @@ def test_bytes_read_per_token(models):
             loaded -= nbytes - nbytes * 128 // 192
     assert bytes_read_per_token(si, 0.5) == loaded
     assert bytes_read_per_token(si, 0.75) == bytes_read_per_token(si)
+    # gate-guided reads every loaded row of the gate, and phi N of up and down
+    gate = [s[f"blk.{il}.ffn_gate.weight"] for il in (1, 2)]
+    gate_rows = sum(nbytes - nbytes * 128 // 192 for nbytes in gate)
+    assert bytes_read_per_token(si, 0.5, "gate-guided") == loaded + gate_rows
 
 
 def test_bench_runs_every_configuration_side_by_side(models):

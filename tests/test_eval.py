@@ -37,7 +37,7 @@ def test_the_grid(report):
     for r in rows[1:]:  # made from the source, under OUT/models
         assert Path(r["path"]).parent == out / "models"
     for r in rows:
-        assert r["read_bytes_per_token"] == bytes_read_per_token(r["path"], r["phi"])
+        assert r["read_bytes_per_token"] == bytes_read_per_token(r["path"], r["phi"], r["model_kwargs"].get("strategy"))
     si = [r for r in rows if r["family"] == "selectinfer" and r["weight_type"] != "Q8_0"]
     loaded, selected = si[0], si[1]
     assert loaded["phi"] is None and selected["phi"] == 0.5

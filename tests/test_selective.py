@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 from helpers import make_si_model
-from reference import ReferenceModel, reference_select, rms_norm
+from reference import ReferenceModel, reference_select, reference_sum_magnitude, rms_norm, silu
 
 from selectinfer import Model, ModelLoadError
 from selectinfer.convert import convert
@@ -177,6 +177,122 @@ def test_a_prompt_in_several_batches_selects_from_all_of_them(si_model):
                 assert selected[il].tolist() == whole, f"layer {il}"
 
 
+def sum_magnitude_margin(acts: dict, n_static: int, n_dynamic: int) -> float:
+    """Smallest gap, relative to the largest score, between the last chosen and the first left-out
+    non-static neuron by sum |a|: float32 and float64 can only disagree where it is at rounding level."""
+    worst = np.inf
+    for a in acts.values():
+        scores = -np.sort(-np.abs(a.astype(np.float64)).sum(axis=0)[n_static:])
+        worst = min(worst, (scores[n_dynamic - 1] - scores[n_dynamic]) / scores[0])
+    return worst
+
+
+@pytest.mark.parametrize("n_batch", [512, 6], ids=["one-batch", "three-batches"])
+def test_sum_magnitude_strategy_matches_reference(si_model, n_batch):
+    """strategy="sum-magnitude": the neurons with the largest sum of |a| over the prompt (over all its
+    batches), then decode computes exactly those, as the reference does."""
+    ref = ReferenceModel.load(si_model)
+    n_static, n_select = round(0.25 * 256), round(0.5 * 256)
+    with Model(si_model, n_ctx=128) as m:
+        candidates = [m.tokenize(p + " " + p) for p in PROMPTS]
+    for prompt in candidates:
+        _, acts = forward_with_masks(ref, prompt, len(prompt), {}, set())
+        acts = {il: a for il, a in acts.items() if il in (1, 2)}
+        if len(prompt) > 12 and sum_magnitude_margin(acts, n_static, n_select - n_static) > 1e-5:
+            break
+    else:
+        pytest.fail("every candidate prompt has a near-tie at the selection boundary")
+    with Model(si_model, n_ctx=128, n_batch=n_batch, strategy="sum-magnitude", compute_ratio=0.5) as m:
+        assert m.selection_config()["strategy"] == "sum-magnitude"
+        tokens, logits = decode(m, prompt, 3)
+        selected = m.selected_neurons()
+    for il in (1, 2):
+        expected = reference_sum_magnitude(acts[il], n_static, n_select - n_static)
+        assert selected[il].tolist() == expected, f"layer {il}"
+        by_votes = reference_select(acts[il], n_static, n_select - n_static, 0.2, False)
+        assert expected != by_votes, "the prompt does not tell the strategies apart"
+    ref_logits, _ = forward_with_masks(ref, prompt + tokens, len(prompt), selected, set(selected))
+    expected_logits = ref_logits[len(prompt): len(prompt) + 3]
+    assert np.abs(logits - expected_logits).max() < 2e-3 * np.abs(expected_logits).max()
+
+
+def test_fixed_strategy_computes_the_best_ranked_neurons_for_every_prompt(si_model):
+    """strategy="fixed": no choice per prompt; decode computes the static neurons and the next in the
+    file's ranking (stored in that order: rows 0..n-1), whatever the prompt."""
+    ref = ReferenceModel.load(si_model)
+    n_select = round(0.4 * 256)
+    with Model(si_model, n_ctx=128, strategy="fixed", compute_ratio=0.4) as m:
+        for text in PROMPTS[:2]:
+            prompt = m.tokenize(text)
+            tokens, logits = decode(m, prompt, 3)
+            selected = m.selected_neurons()
+            assert {il: ids.tolist() for il, ids in selected.items()} == {1: list(range(n_select)),
+                                                                          2: list(range(n_select))}
+            ref_logits, _ = forward_with_masks(ref, prompt + tokens, len(prompt), selected, set(selected))
+            expected_logits = ref_logits[len(prompt): len(prompt) + 3]
+            assert np.abs(logits - expected_logits).max() < 2e-3 * np.abs(expected_logits).max()
+
+
+def forward_gate_guided(ref: ReferenceModel, tokens, n_prompt, n_static, n_select, si_layers):
+    """Logits of the reference where each position >= n_prompt of a SelectInfer layer computes the
+    static neurons and the n_select - n_static others with the largest |silu(gate)| of its own (ties
+    to the lower row); also the smallest gap at that boundary, relative to the token's largest score."""
+    w = ref.weights
+    x = w["token_embd.weight"][np.asarray(tokens)]
+    positions = np.arange(len(tokens))
+    margin = np.inf
+    for il in range(ref.n_layer):
+        p = f"blk.{il}."
+        x = x + ref._attention(rms_norm(x, w[p + "attn_norm.weight"], ref.eps), p, positions)
+        h = rms_norm(x, w[p + "ffn_norm.weight"], ref.eps)
+        gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
+        act = silu(gate) * up
+        if il in si_layers:
+            for t in range(n_prompt, len(tokens)):
+                score = np.abs(silu(gate[t, n_static:]))
+                order = sorted(range(len(score)), key=lambda i: (-score[i], i))
+                k = n_select - n_static
+                margin = min(margin, (score[order[k - 1]] - score[order[k]]) / score[order[0]])
+                keep = np.zeros(act.shape[1], dtype=bool)
+                keep[:n_static] = True
+                keep[n_static + np.asarray(order[:k])] = True
+                act[t, ~keep] = 0.0
+        x = x + act @ w[p + "ffn_down.weight"].T
+    x = rms_norm(x, w["output_norm.weight"], ref.eps)
+    return x @ w["output.weight"].T, margin
+
+
+def test_gate_guided_strategy_matches_reference(si_model):
+    """strategy="gate-guided": each decode step computes gate over every loaded neuron, then up and
+    down for the static ones and the phi N - n_static others with the largest |silu(gate)| of that
+    token; the prompt chooses nothing."""
+    ref = ReferenceModel.load(si_model)
+    n_static, n_select = round(0.25 * 256), round(0.4 * 256)
+    with Model(si_model, n_ctx=128, strategy="gate-guided", compute_ratio=0.4) as m:
+        for text in PROMPTS:
+            prompt = m.tokenize(text)
+            tokens, logits = decode(m, prompt, 4)
+            ref_logits, margin = forward_gate_guided(ref, prompt + tokens, len(prompt), n_static, n_select, {1, 2})
+            if margin > 2e-5:  # no float-level near-tie at any step's boundary
+                break
+        else:
+            pytest.fail("every candidate prompt has a near-tie at a step's selection boundary")
+        assert {il: ids.tolist() for il, ids in m.selected_neurons().items()} == {1: [], 2: []}
+    expected_logits = ref_logits[len(prompt): len(prompt) + 4]
+    assert np.abs(logits - expected_logits).max() < 2e-3 * np.abs(expected_logits).max()
+    with Model(si_model, n_ctx=128, compute_ratio=0.4) as m:  # the per-prompt choice decodes otherwise
+        _, by_prompt = decode(m, prompt, 4)
+    assert np.abs(by_prompt - logits).max() > 1e-3
+
+
+def test_strategy_from_the_environment_and_overridden(si_model, monkeypatch):
+    monkeypatch.setenv("SELECTINFER_STRATEGY", "sum-magnitude")
+    with Model(si_model) as m:
+        assert m.selection_config()["strategy"] == "sum-magnitude"
+    with Model(si_model, strategy="frequency") as m:
+        assert m.selection_config()["strategy"] == "frequency"
+
+
 def test_scoring_after_a_prompt_uses_the_selection(si_model):
     """token_logprobs(n_prompt=...) scores each later token as a decode step with the prompt's neurons."""
     ref = ReferenceModel.load(si_model)
@@ -247,7 +363,7 @@ def test_defaults_come_from_the_file(si_model):
     with Model(si_model) as m:
         cfg = m.selection_config()
     assert cfg["compute_ratio"] == pytest.approx(0.4) and cfg["token_ratio"] == pytest.approx(0.2)
-    assert cfg["select_by"] == "value" and cfg["dense"] is False
+    assert cfg["select_by"] == "value" and cfg["dense"] is False and cfg["strategy"] == "frequency"
 
 
 def test_environment_sets_the_knobs(si_model, monkeypatch):
@@ -266,8 +382,8 @@ def test_explicit_settings_override_the_environment(si_model, monkeypatch):
         monkeypatch.setenv(name, value)
     with Model(si_model, compute_ratio=0.3, select_by="value", dense=False, coreinfer=False) as m:
         cfg = m.selection_config()
-    assert cfg == {"compute_ratio": pytest.approx(0.3), "token_ratio": pytest.approx(0.2), "select_by": "value",
-                   "dense": False, "coreinfer": False}
+    assert cfg == {"strategy": "frequency", "compute_ratio": pytest.approx(0.3), "token_ratio": pytest.approx(0.2),
+                   "select_by": "value", "dense": False, "coreinfer": False}
     with pytest.raises((ValueError, ModelLoadError), match="CoreInfer mode"):  # the environment's, on this file
         Model(si_model)
     monkeypatch.delenv("SELECTINFER_COREINFER")
@@ -278,6 +394,7 @@ def test_explicit_settings_override_the_environment(si_model, monkeypatch):
 
 @pytest.mark.parametrize("name,value,match", [
     ("SELECTINFER_SELECT_BY", "size", "SELECTINFER_SELECT_BY='size': use value or magnitude"),
+    ("SELECTINFER_STRATEGY", "best", "SELECTINFER_STRATEGY='best': use frequency, sum-magnitude, fixed or gate-guided"),
     ("SELECTINFER_COMPUTE_RATIO", "0.4x", "SELECTINFER_COMPUTE_RATIO='0.4x' is not a number"),
     ("SELECTINFER_TOKEN_RATIO", "nan", "SELECTINFER_TOKEN_RATIO='nan' is not a number"),
     ("SELECTINFER_COMPUTE_RATIO", "0.9", r"compute ratio \(phi\) 0.9 must lie between"),
@@ -294,6 +411,8 @@ def test_bad_environment_knobs(si_model, monkeypatch, name, value, match):
     ({"token_ratio": 0.0}, r"token ratio \(alpha\) must be in \(0, 1\]"),
     ({"compute_ratio": float("nan")}, r"compute_ratio must be in \[0, 1\]"),
     ({"select_by": "size"}, "select_by must be"),
+    ({"strategy": "best"}, "strategy must be frequency, sum-magnitude, fixed or gate-guided, got 'best'"),
+    ({"strategy": "fixed", "select_by": "magnitude"}, "the fixed strategy does not rank tokens"),
 ])
 def test_bad_knobs(si_model, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -309,6 +428,11 @@ def test_cli_knobs(cli, si_model, tiny_model):
     ok = cli("-m", si_model, "-p", "the capital", "-n", "4", "--temp", "0", "--compute-ratio", "0.5",
              "--token-ratio", "0.3", "--select-by", "magnitude")
     assert ok.returncode == 0, ok.stderr
+    for strategy in ("sum-magnitude", "fixed", "gate-guided"):
+        ok = cli("-m", si_model, "-p", "the capital", "-n", "2", "--temp", "0", "--strategy", strategy)
+        assert ok.returncode == 0, ok.stderr
+    unknown = cli("-m", si_model, "-p", "the capital", "--strategy", "best")
+    assert unknown.returncode != 0 and "invalid value 'best' for --strategy" in unknown.stderr
     bad = cli("-m", si_model, "-p", "the capital", "--compute-ratio", "0.95")
     assert bad.returncode == 1 and "compute ratio (phi)" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1

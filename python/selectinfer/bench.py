@@ -123,11 +123,12 @@ def run_configs(configs: list[BenchConfig], *, n_prompt: int = 64, n_gen: int = 
             m.close()
 
 
-def bytes_read_per_token(path, compute_ratio: float | None = None) -> int:
+def bytes_read_per_token(path, compute_ratio: float | None = None, strategy: str | None = None) -> int:
     """Weight bytes one decode step reads, the yardstick of a memory-bound decode:
     every matrix once, the token embedding only where it is also the output projection (tied);
-    in a SelectInfer layer at compute ratio phi only the FFN rows computed (phi N of n_load)."""
-    return _bytes_read(_native.read_gguf_header(str(path)), compute_ratio)
+    in a SelectInfer layer at compute ratio phi only the FFN rows computed (phi N of n_load), but
+    every loaded row of the gate with the gate-guided strategy."""
+    return _bytes_read(_native.read_gguf_header(str(path)), compute_ratio, whole_gate=strategy == "gate-guided")
 
 
 _SI_FFN = re.compile(r"blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down_static|ffn_down_t)\.weight")
@@ -140,7 +141,7 @@ def computed_neurons(compute_ratio: float, n_original: int, n_load: int) -> int:
     return min(n_load, int(math.floor(product + 0.5)))
 
 
-def _bytes_read(header: dict, compute_ratio: float | None = None) -> int:
+def _bytes_read(header: dict, compute_ratio: float | None = None, whole_gate: bool = False) -> int:
     kv = header["kv"]
     tensors = {t["name"]: t for t in header["tensors"]}
     n_original = int(kv.get("selectinfer.original_feed_forward_length", 0))
@@ -152,7 +153,8 @@ def _bytes_read(header: dict, compute_ratio: float | None = None) -> int:
             continue  # only one row per token is read
         nbytes = t["nbytes"]
         ffn = _SI_FFN.fullmatch(name)
-        if compute_ratio is not None and ffn and int(ffn.group(1)) in si_layers:  # an FFN matrix of a SelectInfer layer
+        partial = ffn and not (whole_gate and ffn.group(2) == "ffn_gate")
+        if compute_ratio is not None and partial and int(ffn.group(1)) in si_layers:  # an FFN matrix of a SelectInfer layer
             n_load = int(widths[int(ffn.group(1))])  # the same bytes per neuron in every part of it
             nbytes = nbytes * computed_neurons(compute_ratio, n_original, n_load) // n_load
         total += nbytes

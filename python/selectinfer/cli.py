@@ -198,6 +198,8 @@ def _cmd_info(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .model import SELECTION_RULES
+
     parser = argparse.ArgumentParser(prog="selectinfer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -317,8 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gammas", type=float, nargs="+", help="load ratios (default 0.5 0.7 0.9; --quick 0.7)")
     p.add_argument("--phis", type=float, nargs="+",
                    help="compute ratios within [delta, gamma] (default 0.3 0.4 0.5; --quick 0.4)")
-    p.add_argument("--select-by", nargs="+", choices=["value", "magnitude"],
-                   help="default value and magnitude; --quick value")
+    p.add_argument("--select-by", nargs="+", choices=list(SELECTION_RULES),
+                   help="how prompts choose neurons: the method's frequency ranking by value or magnitude, "
+                        "the sum-magnitude or the fixed strategy (default value and magnitude; --quick value)")
     p.add_argument("--quants", nargs="*", help="quantized baselines (default F16 Q8_0 Q4_0 Q4_K_M; --quick Q4_0)")
     p.add_argument("--si-quants", nargs="*",
                    help="also SelectInfer files made from these quantized baselines at the middle gamma "

@@ -5,7 +5,8 @@ Configurations (all made from the source model, cached in OUT/models/):
   original           the model as given;
   quantized          its weights in other types (F16, Q8_0, Q4_0, Q4_K_M) with the tree's quantizer;
   selectinfer        SelectInfer files at each gamma (profile ranking), every loaded neuron computed
-                     (loaded-only) and at each phi in [delta, gamma], by value and by magnitude;
+                     (loaded-only) and at each phi in [delta, gamma], by each selection rule
+                     (SELECTION_RULES: frequency by value or magnitude, sum-magnitude, fixed);
                      also built from the quantized files (--si-quants);
   coreinfer          gamma 1, delta 0 (every neuron loaded, the whole choice per prompt) at each phi;
   random             random loading at the middle gamma, loaded-only and at the middle phi.
@@ -29,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _native, metrics
+from .model import SELECTION_RULES
 from .tasks import format_prompt, load_dataset, sample_examples
 
 # task -> (built-in data set, tokens generated per example; None: scored, not generated)
@@ -92,7 +94,7 @@ def selectinfer_configs(path: Path, family: str, gamma: float, delta: float, phi
     for phi in _phis_within(phis, gamma, delta):
         for by in select_by:
             out.append(Config(f"{name} phi {phi} {by}", family, str(path),
-                              {"compute_ratio": phi, "select_by": by, **extra}, weight_type, gamma, phi, by))
+                              {"compute_ratio": phi, **SELECTION_RULES[by], **extra}, weight_type, gamma, phi, by))
     return out
 
 
@@ -314,7 +316,7 @@ def read_bytes(config: Config) -> int:
     """Weight bytes one decode step of the configuration reads (bench.bytes_read_per_token)."""
     from .bench import bytes_read_per_token
 
-    return bytes_read_per_token(config.path, config.phi)
+    return bytes_read_per_token(config.path, config.phi, config.model_kwargs.get("strategy"))
 
 
 def measure_speed(configs: list[Config], read: list[int], n_prompt: int, n_gen: int, rounds: int,

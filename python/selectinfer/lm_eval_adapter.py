@@ -22,7 +22,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from .model import Model
+from .model import SELECTION_KEYWORDS, Model
 
 # accepted from lm_eval's command line (batch size, device) and ignored: one sequence, on this CPU
 _HARNESS_ARGS = ("batch_size", "max_batch_size", "device")
@@ -30,16 +30,14 @@ _HARNESS_ARGS = ("batch_size", "max_batch_size", "device")
 
 @register_model("selectinfer")
 class SelectInferLM(LM):
-    def __init__(self, path: str, compute_ratio: float | None = None, token_ratio: float | None = None,
-                 select_by: str | None = None, dense: bool | None = None, coreinfer: bool | None = None,
-                 n_ctx: int = 2048, n_threads: int = 0, max_gen_toks: int = 256, **harness_args):
+    def __init__(self, path: str, n_ctx: int = 2048, n_threads: int = 0, max_gen_toks: int = 256, **args):
         super().__init__()
-        unknown = sorted(set(harness_args) - set(_HARNESS_ARGS))
+        unknown = sorted(set(args) - set(SELECTION_KEYWORDS) - set(_HARNESS_ARGS))
         if unknown:
-            raise ValueError(f"unknown selectinfer model_args: {', '.join(unknown)}; known: path, compute_ratio, "
-                             "token_ratio, select_by, dense, coreinfer, n_ctx, n_threads, max_gen_toks")
-        self.model = Model(path, n_ctx=int(n_ctx), n_threads=int(n_threads), compute_ratio=compute_ratio,
-                           token_ratio=token_ratio, select_by=select_by, dense=dense, coreinfer=coreinfer)
+            raise ValueError(f"unknown selectinfer model_args: {', '.join(unknown)}; known: path, "
+                             f"{', '.join(SELECTION_KEYWORDS)}, n_ctx, n_threads, max_gen_toks")
+        selection = {k: v for k, v in args.items() if k in SELECTION_KEYWORDS}
+        self.model = Model(path, n_ctx=int(n_ctx), n_threads=int(n_threads), **selection)
         self.n_ctx, self.max_gen_toks = int(n_ctx), int(max_gen_toks)
         self._prefix = self.model.tokenize("", add_special=True) or [self._eos()]
 

@@ -53,6 +53,20 @@ class _StopFilter:
         return out
 
 
+# Model's keywords for selective computation (SelectionOverrides), for callers that pass them on.
+SELECTION_KEYWORDS = ("strategy", "compute_ratio", "token_ratio", "select_by", "dense", "coreinfer")
+# The ways a prompt chooses its neurons, by name (selectinfer eval --select-by) -> Model keywords:
+# the method's frequency strategy ranking each token's neurons by value or by magnitude, and the
+# other strategies.
+SELECTION_RULES = {
+    "value": {"select_by": "value"},
+    "magnitude": {"select_by": "magnitude"},
+    "sum-magnitude": {"strategy": "sum-magnitude"},
+    "fixed": {"strategy": "fixed"},
+    "gate-guided": {"strategy": "gate-guided"},
+}
+
+
 class Model:
     """A GGUF model with one context (one sequence), on the patched llama.cpp engine.
 
@@ -70,17 +84,20 @@ class Model:
             (`selectinfer info` lists the devices) keeps every layer on the CPU.
         flash_attn: None lets llama.cpp decide (its default), True/False forces it on/off.
         profile: accumulate FFN activation statistics while evaluating (see `activation_sums`).
-        compute_ratio, token_ratio, select_by, dense, coreinfer: selective computation of a
-            SelectInfer GGUF (phi, alpha, "value" or "magnitude", compute every loaded neuron,
-            CoreInfer mode: no static neurons, for a gamma = 1, delta = 0 file); a value given here
-            overrides the SELECTINFER_* environment variables, None keeps them (or the file's defaults).
+        strategy, compute_ratio, token_ratio, select_by, dense, coreinfer: selective computation of
+            a SelectInfer GGUF (how a prompt chooses its neurons: "frequency", the method's,
+            "sum-magnitude", "fixed" or "gate-guided"; phi; alpha; "value" or "magnitude" for frequency; compute
+            every loaded neuron; CoreInfer mode: no static neurons, for a gamma = 1, delta = 0
+            file); a value given here overrides the SELECTINFER_* environment variables, None keeps
+            them (or the file's defaults).
         verbose: let llama.cpp log to stderr.
     """
 
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 2048, n_batch: int = 512,
                  n_threads: int = 0, seed: int = -1, use_mmap: bool = True, repack: bool = True,
                  n_gpu_layers: int = 0, flash_attn: bool | None = None,
-                 profile: bool = False, compute_ratio: float | None = None, token_ratio: float | None = None,
+                 profile: bool = False, strategy: str | None = None,
+                 compute_ratio: float | None = None, token_ratio: float | None = None,
                  select_by: str | None = None, dense: bool | None = None, coreinfer: bool | None = None,
                  verbose: bool = False):
         self.model_path = os.fspath(model_path)
@@ -101,6 +118,7 @@ class Model:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
         # what is given here overrides the SELECTINFER_* environment; None keeps it (or the file's default)
         sel = params.selection
+        sel.strategy = strategy  # ValueError for an unknown name
         sel.compute_ratio = None if compute_ratio is None else float(compute_ratio)
         sel.token_ratio = None if token_ratio is None else float(token_ratio)
         sel.by_magnitude = None if select_by is None else select_by == "magnitude"
@@ -207,7 +225,8 @@ class Model:
 
     # --- selective computation ------------------------------------------------------------
     def selected_neurons(self) -> dict[int, np.ndarray]:
-        """Per SelectInfer layer, the rows (neurons of the file) that decode steps compute."""
+        """Per SelectInfer layer, the rows (neurons of the file) that decode steps compute (empty
+        for the gate-guided strategy, whose decode steps each choose their own)."""
         return {il: np.asarray(ids, dtype=np.int32) for il, ids in self.engine.selected_neurons()}
 
     def selection_config(self) -> dict:
