@@ -269,7 +269,7 @@ ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, l
         res->add_input(std::make_unique<BatchWatcher>(this, prompt));
     }
     built_prompt_ = prompt;
-    const SiFfnWeights weights = SiFfnWeights::of(w);
+    const SiFfnWeights weights = SiFfnWeights::of(w, info_.activation);
     const bool all_loaded = config_.dense || l.n_select == l.n_load;
     if (!prompt && !all_loaded) {
         if (config_.strategy != Strategy::gate_guided) {
@@ -291,8 +291,9 @@ ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, l
     return loaded.out;
 }
 
-SiFfnWeights SiFfnWeights::of(const llama_layer & layer) {
+SiFfnWeights SiFfnWeights::of(const llama_layer & layer, GatedActivation activation) {
     SiFfnWeights w;
+    w.activation = activation;
     w.gate = layer.ffn_gate;
     w.up = layer.ffn_up;
     w.gate_dyn = layer.ffn_gate_dyn;
@@ -303,12 +304,22 @@ SiFfnWeights SiFfnWeights::of(const llama_layer & layer) {
     return w;
 }
 
+ggml_tensor * SiFfnWeights::gated(ggml_context * ctx, ggml_tensor * gate_out, ggml_tensor * up_out) const {
+    // as upstream's build_ffn (LLM_FFN_SILU / LLM_FFN_GELU with a parallel gate)
+    return activation == GatedActivation::gelu ? ggml_geglu_split(ctx, gate_out, up_out)
+                                               : ggml_swiglu_split(ctx, gate_out, up_out);
+}
+
+ggml_tensor * SiFfnWeights::act(ggml_context * ctx, ggml_tensor * gate_out) const {
+    return activation == GatedActivation::gelu ? ggml_gelu(ctx, gate_out) : ggml_silu(ctx, gate_out);
+}
+
 LoadedFfn build_loaded_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x) {
-    auto swiglu = [&](ggml_tensor * gate, ggml_tensor * up) {
-        return ggml_swiglu_split(ctx, ggml_mul_mat(ctx, gate, x), ggml_mul_mat(ctx, up, x));
+    auto gated = [&](ggml_tensor * gate, ggml_tensor * up) {
+        return w.gated(ctx, ggml_mul_mat(ctx, gate, x), ggml_mul_mat(ctx, up, x));
     };
-    ggml_tensor * act_static = w.n_static > 0 ? swiglu(w.gate, w.up) : nullptr;
-    ggml_tensor * act_dynamic = w.down_t ? swiglu(w.gathered_gate(), w.gathered_up()) : nullptr;
+    ggml_tensor * act_static = w.n_static > 0 ? gated(w.gate, w.up) : nullptr;
+    ggml_tensor * act_dynamic = w.down_t ? gated(w.gathered_gate(), w.gathered_up()) : nullptr;
     ggml_tensor * out_static = act_static ? ggml_mul_mat(ctx, w.down_static, act_static) : nullptr;
     ggml_tensor * out_dynamic = act_dynamic ? ggml_si_mul_rows_t(ctx, w.down_t, act_dynamic, nullptr, 0) : nullptr;
     if (!act_static) return {act_dynamic, out_dynamic};
@@ -322,7 +333,7 @@ namespace {
 // repacked weights where ggml repacks them), which reads a contiguous block faster than any gather.
 ggml_tensor * static_block(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x) {
     if (w.n_static == 0) return nullptr;
-    ggml_tensor * act = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, w.gate, x), ggml_mul_mat(ctx, w.up, x));
+    ggml_tensor * act = w.gated(ctx, ggml_mul_mat(ctx, w.gate, x), ggml_mul_mat(ctx, w.up, x));
     return ggml_mul_mat(ctx, w.down_static, act);
 }
 
@@ -333,8 +344,8 @@ ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_
     ggml_tensor * out = static_block(ctx, w, x);
     if (n_dynamic > 0) {
         ggml_tensor * dynamic = ggml_view_1d(ctx, ids, n_dynamic, w.n_static * sizeof(int32_t));
-        ggml_tensor * act = ggml_swiglu_split(ctx, ggml_si_mul_rows(ctx, w.gathered_gate(), x, dynamic, w.n_static),
-                                              ggml_si_mul_rows(ctx, w.gathered_up(), x, dynamic, w.n_static));
+        ggml_tensor * act = w.gated(ctx, ggml_si_mul_rows(ctx, w.gathered_gate(), x, dynamic, w.n_static),
+                                    ggml_si_mul_rows(ctx, w.gathered_up(), x, dynamic, w.n_static));
         ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, dynamic, w.n_static);
         out = out ? ggml_add(ctx, out, part) : part;
     }
@@ -344,13 +355,13 @@ ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_
 ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic) {
     ggml_tensor * out = static_block(ctx, w, x);
     if (n_dynamic > 0) {
-        // gate over every gathered neuron (upstream's matmul), the score |silu(gate)|, and the
+        // gate over every gathered neuron (upstream's matmul), the score |act(gate)|, and the
         // n_dynamic best rows of the gathered tensors (ids from 0: row 0 is neuron n_static)
         ggml_tensor * gate = ggml_mul_mat(ctx, w.gathered_gate(), x);  // [n_gathered, 1]
-        ggml_tensor * chosen = ggml_si_select(ctx, ggml_abs(ctx, ggml_silu(ctx, gate)), 0, n_dynamic);
+        ggml_tensor * chosen = ggml_si_select(ctx, ggml_abs(ctx, w.act(ctx, gate)), 0, n_dynamic);
         ggml_tensor * gate_chosen = ggml_get_rows(ctx, ggml_reshape_2d(ctx, gate, 1, gate->ne[0]), chosen);  // [1, n]
         ggml_tensor * up = ggml_si_mul_rows(ctx, w.gathered_up(), x, chosen, 0);                               // [n, 1]
-        ggml_tensor * act = ggml_swiglu_split(ctx, ggml_reshape_2d(ctx, gate_chosen, n_dynamic, 1), up);
+        ggml_tensor * act = w.gated(ctx, ggml_reshape_2d(ctx, gate_chosen, n_dynamic, 1), up);
         ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, chosen, 0);
         out = out ? ggml_add(ctx, out, part) : part;
     }

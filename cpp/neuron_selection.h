@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "layer_tensors.h"
+#include "si_gguf.h"
 
 class llm_graph_result;
 struct ggml_cgraph;
@@ -93,6 +94,7 @@ private:
 // gathered: rows of gate_dyn / up_dyn (or of gate / up when n_static = 0) and of down_t, from
 // neuron n_static on.
 struct SiFfnWeights {
+    GatedActivation activation = GatedActivation::silu;
     ggml_tensor * gate = nullptr;
     ggml_tensor * up = nullptr;
     ggml_tensor * gate_dyn = nullptr;
@@ -101,7 +103,10 @@ struct SiFfnWeights {
     ggml_tensor * down_t = nullptr;
     int n_static = 0;
 
-    static SiFfnWeights of(const llama_layer & layer);
+    static SiFfnWeights of(const llama_layer & layer, GatedActivation activation);
+    // act(gate) * up, and act(gate), with the architecture's activation
+    ggml_tensor * gated(ggml_context * ctx, ggml_tensor * gate, ggml_tensor * up) const;
+    ggml_tensor * act(ggml_context * ctx, ggml_tensor * gate) const;
     ggml_tensor * gathered_gate() const { return n_static > 0 ? gate_dyn : gate; }
     ggml_tensor * gathered_up() const { return n_static > 0 ? up_dyn : up; }
 };
@@ -121,7 +126,7 @@ ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_
                                int n_dynamic);
 
 // A gate-guided decode step (one token): the static block as build_sparse_ffn, then gate over every
-// gathered neuron, and up and down for the n_dynamic of them with the largest |silu(gate)|.
+// gathered neuron, and up and down for the n_dynamic of them with the largest |act(gate)|.
 ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic);
 
 // A prompt batch's selection from its activations act [n_load, T] by a choosing strategy

@@ -221,8 +221,13 @@ std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model,
                                  ": this build of selectinfer reads version " + std::to_string(kFormatVersion) +
                                  "; convert the model again with this version's `selectinfer convert`");
     }
-    if (model.arch != LLM_ARCH_LLAMA && model.arch != LLM_ARCH_QWEN2) {
-        refuse(std::string("architecture ") + llm_arch_name(model.arch) + " has no SelectInfer layers (llama, qwen2)");
+    switch (model.arch) {  // the architectures whose FFN the sparse ops compute
+        case LLM_ARCH_LLAMA:
+        case LLM_ARCH_QWEN2:  info->activation = GatedActivation::silu; break;
+        case LLM_ARCH_GEMMA3: info->activation = GatedActivation::gelu; break;
+        default:
+            refuse(std::string("architecture ") + llm_arch_name(model.arch) +
+                   " has no SelectInfer layers (llama, qwen2, gemma3)");
     }
     info->n_original   = (int32_t) m.integer(kOriginalN, 1, 1 << 24);
     info->load_ratio   = m.ratio(kLoadRatio, 0.0f, 1.0f);

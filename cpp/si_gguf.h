@@ -21,9 +21,13 @@ namespace selectinfer {
 
 constexpr uint32_t kFormatVersion = 2;  // selectinfer.format_version this build reads
 
+// The gated activation of an architecture's FFN: act(gate) * up.
+enum class GatedActivation { silu, gelu };
+
 // What a SelectInfer GGUF says about its layers, validated.
 struct SiModelInfo {
     uint32_t format_version = 0;
+    GatedActivation activation = GatedActivation::silu;  // the architecture's (llama, qwen2: SiLU; gemma3: GELU)
     int32_t  n_original     = 0;   // N: the source model's FFN width; ratios are fractions of it
     float    load_ratio     = 0;   // gamma
     float    static_ratio   = 0;   // delta
@@ -35,8 +39,8 @@ struct SiModelInfo {
 
 // For a model llama.cpp has just loaded: null for a dense model, otherwise the validated
 // description of its SelectInfer layers. Throws std::runtime_error when the metadata is malformed
-// or disagrees with the tensors, or when a layer's FFN is not one the sparse ops compute (SwiGLU
-// without biases, in a llama or qwen2 model).
+// or disagrees with the tensors, or when a layer's FFN is not one the sparse ops compute (a gated
+// FFN without biases: SwiGLU in a llama or qwen2 model, GeGLU in a gemma3 model).
 std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model, const llama_model_loader & loader);
 
 // A SelectInfer layer in the file (format_version 2): ffn_gate and ffn_up [n_embd, n_load] with

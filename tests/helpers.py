@@ -15,13 +15,13 @@ import pytest
 from selectinfer.synthetic import make_model
 
 
-def make_si_model(root: Path, *, seed: int, layers: str, n_ff: int = 256) -> tuple[Path, Path]:
-    """A random tiny llama (3 layers, N = n_ff, F32) and its SelectInfer GGUF (random neurons,
+def make_si_model(root: Path, *, seed: int, layers: str, n_ff: int = 256, shape: str = "tiny-llama") -> tuple[Path, Path]:
+    """A random tiny model (3 layers, N = n_ff, F32) and its SelectInfer GGUF (random neurons,
     gamma 0.75, delta 0.25, the given layers): (dense path, SelectInfer path)."""
     from selectinfer.convert import convert
 
     src, out = root / "dense.gguf", root / "si.gguf"
-    make_model(src, "tiny-llama", weight_type="F32", seed=seed, n_ff=n_ff, n_layer=3)
+    make_model(src, shape, weight_type="F32", seed=seed, n_ff=n_ff, n_layer=3)
     convert(src, out, ranking="random", seed=2, load_ratio=0.75, static_ratio=0.25, layers=layers, progress=False)
     return src, out
 

@@ -1,8 +1,10 @@
-"""An independent numpy forward pass of llama/qwen2 GGUF models, in float64.
+"""An independent numpy forward pass of llama, qwen2 and gemma3 GGUF models, in float64.
 
 It reads the GGUF with the gguf package (dequantizing with gguf.quants), not with the engine, and
 follows the llama.cpp graph semantics: RMSNorm, RoPE (adjacent pairs for llama, halves for
-qwen2/NeoX), causal grouped-query attention, SwiGLU FFN, tied or separate output matrix.
+qwen2/gemma3: NeoX), causal grouped-query attention, SwiGLU FFN, tied or separate output matrix.
+gemma3 adds: embeddings scaled by sqrt(n_embd), RMSNorm of each head's q and k, RMSNorm after
+attention and after the FFN (before their residual adds), and a GeGLU FFN (tanh GELU).
 """
 from __future__ import annotations
 
@@ -50,29 +52,59 @@ class ReferenceModel:
             weights=weights,
         )
 
+    # --- the forward pass, step by step (tests that change the FFN use the steps) -------------
     def forward(self, tokens: list[int]) -> np.ndarray:
         """Logits after each token: shape (len(tokens), n_vocab)."""
-        w = self.weights
-        x = w["token_embd.weight"][np.asarray(tokens)]
+        x = self.embed(tokens)
         positions = np.arange(len(tokens))
-        for i in range(self.n_layer):
-            p = f"blk.{i}."
-            x = x + self._attention(rms_norm(x, w[p + "attn_norm.weight"], self.eps), p, positions)
-            h = rms_norm(x, w[p + "ffn_norm.weight"], self.eps)
-            x = x + self.ffn(h, i)
-        x = rms_norm(x, w["output_norm.weight"], self.eps)
-        out = w.get("output.weight", w["token_embd.weight"])
-        return x @ out.T
+        for il in range(self.n_layer):
+            x = self.attention_block(x, il, positions)
+            x = self.ffn_block(x, il, self.ffn_activations(self.ffn_input(x, il), il))
+        return self.logits(x)
+
+    def embed(self, tokens) -> np.ndarray:
+        x = self.weights["token_embd.weight"][np.asarray(tokens)]
+        return x * np.sqrt(x.shape[1]) if self.arch == "gemma3" else x
+
+    def attention_block(self, x: np.ndarray, il: int, positions: np.ndarray) -> np.ndarray:
+        """The residual stream after layer il's attention."""
+        p = f"blk.{il}."
+        out = self._attention(rms_norm(x, self.weights[p + "attn_norm.weight"], self.eps), p, positions)
+        if self.arch == "gemma3":
+            out = rms_norm(out, self.weights[p + "post_attention_norm.weight"], self.eps)
+        return x + out
+
+    def ffn_input(self, x: np.ndarray, il: int) -> np.ndarray:
+        return rms_norm(x, self.weights[f"blk.{il}.ffn_norm.weight"], self.eps)
+
+    def gate_up(self, h: np.ndarray, il: int) -> tuple[np.ndarray, np.ndarray]:
+        p = f"blk.{il}."
+        return h @ self.weights[p + "ffn_gate.weight"].T, h @ self.weights[p + "ffn_up.weight"].T
+
+    def act(self, gate: np.ndarray) -> np.ndarray:
+        """The gated activation of the architecture's FFN."""
+        return gelu(gate) if self.arch == "gemma3" else silu(gate)
 
     def ffn_activations(self, h: np.ndarray, layer: int) -> np.ndarray:
         """Input of the down projection, act(gate(h)) * up(h): shape (tokens, n_ff)."""
-        p = f"blk.{layer}."
-        gate = h @ self.weights[p + "ffn_gate.weight"].T
-        up = h @ self.weights[p + "ffn_up.weight"].T
-        return silu(gate) * up
+        gate, up = self.gate_up(h, layer)
+        return self.act(gate) * up
+
+    def ffn_block(self, x: np.ndarray, il: int, act: np.ndarray) -> np.ndarray:
+        """The residual stream after layer il's FFN, given the down projection's input act."""
+        p = f"blk.{il}."
+        out = act @ self.weights[p + "ffn_down.weight"].T
+        if self.arch == "gemma3":
+            out = rms_norm(out, self.weights[p + "post_ffw_norm.weight"], self.eps)
+        return x + out
 
     def ffn(self, h: np.ndarray, layer: int) -> np.ndarray:
         return self.ffn_activations(h, layer) @ self.weights[f"blk.{layer}.ffn_down.weight"].T
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        x = rms_norm(x, self.weights["output_norm.weight"], self.eps)
+        out = self.weights.get("output.weight", self.weights["token_embd.weight"])
+        return x @ out.T
 
     def _attention(self, h: np.ndarray, p: str, positions: np.ndarray) -> np.ndarray:
         w = self.weights
@@ -85,7 +117,10 @@ class ReferenceModel:
             return y.reshape(n_tok, n_heads, -1)
 
         q, k, v = proj("q", self.n_head), proj("k", self.n_head_kv), proj("v", self.n_head_kv)
-        neox = self.arch == "qwen2"
+        if self.arch == "gemma3":  # each head's q and k normalised
+            q = rms_norm(q, w[p + "attn_q_norm.weight"], self.eps)
+            k = rms_norm(k, w[p + "attn_k_norm.weight"], self.eps)
+        neox = self.arch in ("qwen2", "gemma3")
         q, k = rope(q, positions, self.rope_base, neox), rope(k, positions, self.rope_base, neox)
         group = self.n_head // self.n_head_kv
         head_dim = q.shape[-1]
@@ -108,6 +143,11 @@ def _field(reader: GGUFReader, key: str):
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (ggml_gelu, gemma's gelu_pytorch_tanh)."""
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
 def silu(x: np.ndarray) -> np.ndarray:

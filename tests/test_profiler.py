@@ -3,7 +3,7 @@ import json
 
 import numpy as np
 import pytest
-from reference import ReferenceModel, rms_norm
+from reference import ReferenceModel
 
 from selectinfer import Model
 from selectinfer.profiler import EngineCollector, run_profile
@@ -14,21 +14,19 @@ from selectinfer.tasks import Dataset, load_dataset, load_user_dataset
 def reference_abs_sums(path, tokens):
     """Per layer sum over tokens of |act(gate) * up| from the numpy forward pass."""
     ref = ReferenceModel.load(path)
-    w = ref.weights
-    x = w["token_embd.weight"][np.asarray(tokens)]
+    x = ref.embed(tokens)
     positions = np.arange(len(tokens))
     sums = []
-    for i in range(ref.n_layer):
-        p = f"blk.{i}."
-        x = x + ref._attention(rms_norm(x, w[p + "attn_norm.weight"], ref.eps), p, positions)
-        act = ref.ffn_activations(rms_norm(x, w[p + "ffn_norm.weight"], ref.eps), i)
+    for il in range(ref.n_layer):
+        x = ref.attention_block(x, il, positions)
+        act = ref.ffn_activations(ref.ffn_input(x, il), il)
         sums.append(np.abs(act).sum(axis=0))
-        x = x + act @ w[p + "ffn_down.weight"].T
+        x = ref.ffn_block(x, il, act)
     return np.stack(sums)
 
 
 @pytest.mark.parametrize("shape,weight_type,bound", [
-    ("tiny-llama", "F32", 2e-3), ("tiny-qwen2", "F32", 2e-3), ("tiny-llama", "F16", 2e-3),
+    ("tiny-llama", "F32", 2e-3), ("tiny-qwen2", "F32", 2e-3), ("tiny-gemma3", "F32", 5e-3), ("tiny-llama", "F16", 2e-3),
     ("tiny-qwen2", "Q8_0", 3e-2), ("tiny-llama", "Q4_0", 3e-2),
 ])
 def test_activation_sums_match_numpy(tiny_model, shape, weight_type, bound):

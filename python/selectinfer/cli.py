@@ -107,7 +107,7 @@ def _cmd_random_model(args: argparse.Namespace) -> None:
 
 def _cmd_models(args: argparse.Namespace) -> None:
     for m in registry.MODELS.values():
-        print(f"{m.name:16s} {m.package}=={m.version}  {m.description} ({m.license})")
+        print(f"{m.name:16s} {m.packages}  {m.description} ({m.license})")
 
 
 # selectinfer eval's grid: the full run (the README's) and --quick (a few minutes on 2 cores)

@@ -17,7 +17,8 @@ the conversion. Layers outside the sparsified range are copied unchanged.
 Gathering columns or transposing keeps F32/F16/BF16 values exact (BF16 rows of ffn_down_t are
 stored as F16, see DOWN_T_TYPE); quantized types store their blocks along the rows, so both parts
 of their down projection are re-quantized to the same type (from the dequantized values, with
-ggml's own quantizer), and the static count is a whole number of the type's blocks. gate and up
+ggml's own quantizer; ffn_down_t as Q8_0 where its rows of n_embd values are not whole blocks of
+the type: down_t_type), and the static count is a whole number of the type's blocks. gate and up
 are never re-quantized.
 """
 from __future__ import annotations
@@ -40,13 +41,23 @@ SI_FORMAT_VERSION = 2
 # run-time defaults written into the file (the authors' reference values): phi and alpha
 DEFAULT_COMPUTE_RATIO = 0.4
 DEFAULT_TOKEN_RATIO = 0.2
-SUPPORTED_ARCHS = ("llama", "qwen2")
+SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3")
 EXACT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 
 
 # The type ffn_down_t is stored in, when not the source type: ggml's CPU backend has no BF16
 # out-product, and F16 holds every BF16 weight of magnitude 6e-8..65504 exactly, at the same size.
 DOWN_T_TYPE = {GGMLQuantizationType.BF16: GGMLQuantizationType.F16}
+
+
+def down_t_type(source_type: int, n_embd: int) -> int:
+    """The type of ffn_down_t, whose rows hold n_embd values: the source's (DOWN_T_TYPE aside), or
+    Q8_0 where n_embd is not a whole number of the source type's blocks (a K-quant's 256 and
+    Gemma-3-270M's 640: Q8_0's blocks of 32 fit, more precise than any 4-6 bit source), else F16."""
+    qtype = DOWN_T_TYPE.get(GGMLQuantizationType(source_type), GGMLQuantizationType(source_type))
+    if n_embd % _native.block_size(int(qtype)) == 0:
+        return int(qtype)
+    return int(GGMLQuantizationType.Q8_0 if n_embd % 32 == 0 else GGMLQuantizationType.F16)
 
 
 class ConvertError(ValueError):
@@ -198,18 +209,22 @@ def _gather_transposed(matrix: np.ndarray, ids: np.ndarray, block: int = 256) ->
 
 def _down_transposed(src: SourceGGUF, t: dict, ids: np.ndarray) -> np.ndarray:
     """The columns `ids` of ffn_down ([n_embd rows of n_ff] in numpy order) as rows [len(ids), n_embd]:
-    ffn_down_t, encoded in DOWN_T_TYPE.get(type, type)."""
+    ffn_down_t, encoded in down_t_type."""
     qtype = GGMLQuantizationType(t["type"])
-    n_ff = t["ne"][0]
+    n_ff, n_embd = t["ne"][0], t["ne"][1]
+    target = GGMLQuantizationType(down_t_type(t["type"], n_embd))
     rows = src.rows(t)
-    if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+    if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) and target == qtype:
         dtype = np.float32 if qtype == GGMLQuantizationType.F32 else np.float16
         return _gather_transposed(rows.view(dtype), ids)
-    if qtype == GGMLQuantizationType.BF16:  # 16-bit words -> F16 (see DOWN_T_TYPE)
+    if qtype == GGMLQuantizationType.BF16 and target == GGMLQuantizationType.F16:  # 16-bit words -> F16
         words = _gather_transposed(rows.view(np.uint16), ids).astype(np.uint32) << 16
         return words.view(np.float32).astype(np.float16)
     dense = _native.dequantize_rows(int(qtype), np.ascontiguousarray(rows), n_ff)
-    return _native.quantize_rows(int(qtype), _gather_transposed(dense, ids))
+    values = _gather_transposed(dense, ids)
+    if target == GGMLQuantizationType.F16:
+        return values.astype(np.float16)
+    return _native.quantize_rows(int(target), values)
 
 
 def _down_columns(src: SourceGGUF, t: dict, ids: np.ndarray) -> np.ndarray:
@@ -262,7 +277,7 @@ def _output_tensors(src: SourceGGUF, plans: dict[int, LayerPlan]) -> list[Output
                 out.append(OutputTensor(f"blk.{il}.ffn_down_static.weight", t["type"], [plan.n_static, ne[1]], t,
                                         "down_static"))
             if n_dynamic > 0:
-                down_type = int(DOWN_T_TYPE.get(GGMLQuantizationType(t["type"]), GGMLQuantizationType(t["type"])))
+                down_type = down_t_type(t["type"], ne[1])
                 out.append(OutputTensor(f"blk.{il}.ffn_down_t.weight", down_type, [ne[1], n_dynamic], t, "down_t"))
         else:
             out.append(OutputTensor(t["name"], t["type"], ne, t, "copy"))

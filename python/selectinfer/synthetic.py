@@ -24,7 +24,7 @@ CHATML_TEMPLATE = (
 
 @dataclass(frozen=True)
 class ModelShape:
-    arch: str = "llama"  # "llama" or "qwen2" (qwen2 adds q/k/v biases and uses NeoX RoPE)
+    arch: str = "llama"  # "llama", "qwen2" (q/k/v biases, NeoX RoPE) or "gemma3" (GeGLU, q/k and post norms)
     n_vocab: int = 320
     n_embd: int = 64
     n_ff: int = 96
@@ -44,6 +44,8 @@ class ModelShape:
 SHAPES: dict[str, ModelShape] = {
     "tiny-llama": ModelShape(),
     "tiny-qwen2": ModelShape(arch="qwen2", n_embd=64, n_ff=160, n_layer=3, n_head=8, n_head_kv=2, tied_embeddings=True),
+    "tiny-gemma3": ModelShape(arch="gemma3", n_embd=64, n_ff=128, n_layer=3, n_head=4, n_head_kv=1, rms_norm_eps=1e-6,
+                              tied_embeddings=True),
     # paper-scale shapes (random weights measure speed and memory honestly)
     "llama-3.2-1b": ModelShape(n_vocab=128256, n_embd=2048, n_ff=8192, n_layer=16, n_head=32, n_head_kv=8,
                                n_ctx_train=131072, rope_freq_base=500000.0, tied_embeddings=True),
@@ -90,10 +92,16 @@ def tensor_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
             for name, n in (("q", shape.n_head), ("k", shape.n_head_kv), ("v", shape.n_head_kv)):
                 t[p + f"attn_{name}.bias"] = (n * hd,)
         t[p + "attn_output.weight"] = (e, shape.n_head * hd)
+        if shape.arch == "gemma3":  # each head's q and k normalised; a norm after attention and after the FFN
+            t[p + "attn_q_norm.weight"] = (hd,)
+            t[p + "attn_k_norm.weight"] = (hd,)
+            t[p + "post_attention_norm.weight"] = (e,)
         t[p + "ffn_norm.weight"] = (e,)
         t[p + "ffn_gate.weight"] = (shape.n_ff, e)
         t[p + "ffn_up.weight"] = (shape.n_ff, e)
         t[p + "ffn_down.weight"] = (e, shape.n_ff)
+        if shape.arch == "gemma3":
+            t[p + "post_ffw_norm.weight"] = (e,)
     t["output_norm.weight"] = (e,)
     if not shape.tied_embeddings:
         t["output.weight"] = (shape.n_vocab, e)
