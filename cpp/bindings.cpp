@@ -161,6 +161,10 @@ PYBIND11_MODULE(_native, m) {
         .def_readwrite("selection", &ModelParams::selection)
         .def_readwrite("verbose", &ModelParams::verbose);
 
+    py::list strategies;  // the names SelectionOverrides.strategy takes
+    for (Strategy s : kStrategies) strategies.append(strategy_name(s));
+    m.attr("STRATEGIES") = py::tuple(strategies);
+
     py::class_<SelectionOverrides>(m, "SelectionOverrides")
         .def(py::init<>())
         .def_property(

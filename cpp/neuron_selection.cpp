@@ -59,7 +59,7 @@ const char * strategy_name(Strategy strategy) {
 }
 
 std::optional<Strategy> strategy_named(const std::string & name) {
-    for (Strategy s : {Strategy::frequency, Strategy::sum_magnitude, Strategy::fixed, Strategy::gate_guided}) {
+    for (Strategy s : kStrategies) {
         if (name == strategy_name(s)) return s;
     }
     return std::nullopt;

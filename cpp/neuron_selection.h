@@ -36,6 +36,7 @@ struct SiModelInfo;
 //   gate_guided    by each decode step: gate over every loaded neuron, then up and down only for
 //                  the ones with the largest |act(gate)| (no prompt choice)
 enum class Strategy { frequency, sum_magnitude, fixed, gate_guided };
+constexpr Strategy kStrategies[] = {Strategy::frequency, Strategy::sum_magnitude, Strategy::fixed, Strategy::gate_guided};
 const char * strategy_name(Strategy strategy);  // "frequency", "sum-magnitude", "fixed", "gate-guided"
 std::optional<Strategy> strategy_named(const std::string & name);
 extern const char * const kStrategyNames;       // "frequency, sum-magnitude, fixed or gate-guided"

@@ -115,11 +115,11 @@ def test_empty_and_out_of_vocabulary_tokens(tiny_model):
 
 
 def test_unknown_model_name():
-    with pytest.raises(ValueError, match="unknown model 'no-such-model'; known models: smollm2-135m"):
+    with pytest.raises(ValueError, match="unknown model 'no-such-model'; known models: gemma3-270m, smollm2-135m"):
         pull("no-such-model")
 
 
 def test_cli_unknown_model_name(selectinfer_cmd):
     proc = selectinfer_cmd("pull", "no-such-model")
     assert proc.returncode == 1
-    assert proc.stderr.strip() == "selectinfer: error: unknown model 'no-such-model'; known models: smollm2-135m"
+    assert proc.stderr.strip() == "selectinfer: error: unknown model 'no-such-model'; known models: gemma3-270m, smollm2-135m"

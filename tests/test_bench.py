@@ -38,6 +38,17 @@ def test_bytes_read_per_token(models):
     assert bytes_read_per_token(si, 0.5, "gate-guided") == loaded + gate_rows
 
 
+def test_bench_runs_each_strategy_at_each_phi(models):
+    dense, si = models
+    results = run_bench([si], n_prompt=8, n_gen=4, repeats=1, n_threads=1, compute_ratios=[0.5],
+                        strategies=["frequency", "gate-guided"])
+    assert [r.label for r in results] == ["si.gguf (dense over loaded)", "si.gguf (phi 0.5 frequency)",
+                                          "si.gguf (phi 0.5 gate-guided)"]
+    assert results[1].read_bytes == bytes_read_per_token(si, 0.5)
+    assert results[2].read_bytes == bytes_read_per_token(si, 0.5, "gate-guided") > results[1].read_bytes
+    assert all(min(r.decode_tokens_per_s) > 0 for r in results)
+
+
 def test_bench_runs_every_configuration_side_by_side(models):
     dense, si = models
     results = run_bench([dense, si], n_prompt=8, n_gen=4, repeats=2, n_threads=1, compute_ratios=[0.5])

@@ -214,3 +214,17 @@ def test_quick_run_on_the_default_model(default_model, selectinfer_cmd, tmp_path
     assert rows[0]["accuracy"]["qa.contains"]["value"] > 0
     assert rows[-1]["accuracy"]["text.perplexity"]["value"] > 2 * rows[0]["accuracy"]["text.perplexity"]["value"]
     assert "## Paired difference" in (tmp_path / "results.md").read_text()
+
+
+def test_plots_split_selectinfer_points_by_selection_rule():
+    """Where a run compares selection rules, each gets a legend entry of its own (loaded-only apart)."""
+    from selectinfer.eval_report import _groups
+
+    rows = [{"family": "original"}, {"family": "selectinfer", "select_by": None},
+            {"family": "selectinfer", "select_by": "value"}, {"family": "selectinfer", "select_by": "gate-guided"},
+            {"family": "selectinfer", "select_by": "value"}]
+    groups = {label: len(members) for label, _, _, members in _groups(rows)}
+    assert groups == {"original": 1, "selectinfer loaded-only": 1, "selectinfer gate-guided": 1,
+                      "selectinfer value": 2}
+    one_rule = [r for r in rows if r.get("select_by") != "gate-guided"]
+    assert {label for label, *_ in _groups(one_rule)} == {"original", "selectinfer"}

@@ -68,31 +68,35 @@ class BenchConfig:
 
 def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, repeats: int = 5,
               n_threads: int = 0, profiling: bool = False, compute_ratios: list[float] | None = None,
-              repack: tuple[bool, ...] = (True,), n_gpu_layers: int = 0) -> list[BenchResult]:
+              strategies: list[str] | None = None, repack: tuple[bool, ...] = (True,),
+              n_gpu_layers: int = 0) -> list[BenchResult]:
     """Benchmarks each model side by side. profiling=True adds each model with profiling on;
     compute_ratios runs each SelectInfer model densely over its loaded neurons and at each phi
-    within its [delta, gamma];
+    within its [delta, gamma], with each of `strategies` (None: the file's);
     repack=(True, False) runs every configuration with and without ggml's weight repacking;
     n_gpu_layers: layers on the GPU (a CUDA build), -1 all."""
     configs = []
     for p in paths:
         header = _native.read_gguf_header(str(p))  # once per file
+        name = Path(p).name
         if "selectinfer.format_version" in header["kv"] and compute_ratios:
-            configs.append(BenchConfig(f"{Path(p).name} (dense over loaded)", p, {"dense": True}, _bytes_read(header)))
+            configs.append(BenchConfig(f"{name} (dense over loaded)", p, {"dense": True}, _bytes_read(header)))
             kv, eps = header["kv"], 1e-6
-            configs += [BenchConfig(f"{Path(p).name} (phi {phi})", p, {"compute_ratio": phi}, _bytes_read(header, phi))
-                        for phi in compute_ratios
-                        if kv["selectinfer.static_ratio"] - eps <= phi <= kv["selectinfer.load_ratio"] + eps]
+            for phi in compute_ratios:
+                if not kv["selectinfer.static_ratio"] - eps <= phi <= kv["selectinfer.load_ratio"] + eps:
+                    continue
+                for strategy in strategies or [None]:
+                    kwargs = {"compute_ratio": phi, **({"strategy": strategy} if strategy else {})}
+                    label = f"{name} (phi {phi}{' ' + strategy if strategy else ''})"
+                    configs.append(BenchConfig(label, p, kwargs,
+                                               _bytes_read(header, phi, whole_gate=strategy == "gate-guided")))
         else:
-            configs.append(BenchConfig(Path(p).name, p, {}, _bytes_read(header)))
+            configs.append(BenchConfig(name, p, {}, _bytes_read(header)))
         if profiling:
-            configs.append(BenchConfig(f"{Path(p).name} (profiling)", p, {"profile": True}, _bytes_read(header)))
-    if tuple(repack) != (True,):
-        configs = [BenchConfig(c.label + ("" if r else " (no repack)"), c.path, {**c.model_kwargs, "repack": r},
-                               c.read_bytes) for c in configs for r in repack]
-    if n_gpu_layers:
-        configs = [BenchConfig(c.label, c.path, {**c.model_kwargs, "n_gpu_layers": n_gpu_layers}, c.read_bytes)
-                   for c in configs]
+            configs.append(BenchConfig(f"{name} (profiling)", p, {"profile": True}, _bytes_read(header)))
+    gpu = {"n_gpu_layers": n_gpu_layers} if n_gpu_layers else {}
+    configs = [BenchConfig(c.label + ("" if r else " (no repack)"), c.path, {**c.model_kwargs, "repack": r, **gpu},
+                           c.read_bytes) for c in configs for r in repack]
     return run_configs(configs, n_prompt=n_prompt, n_gen=n_gen, repeats=repeats, n_threads=n_threads)
 
 

@@ -27,7 +27,7 @@ def _cmd_bench(args: argparse.Namespace) -> None:
     repack = {"on": (True,), "off": (False,), "both": (True, False)}[args.repack]
     results = run_bench(args.models, n_prompt=args.n_prompt, n_gen=args.n_gen, repeats=args.repeats,
                         n_threads=args.threads, profiling=args.profiling, compute_ratios=args.compute_ratios,
-                        repack=repack, n_gpu_layers=args.gpu_layers)
+                        strategies=args.strategies, repack=repack, n_gpu_layers=args.gpu_layers)
     print(f"n_prompt {args.n_prompt}, n_gen {args.n_gen}, {args.repeats} interleaved rounds, "
           f"threads {args.threads or 'all'}" + (f", GPU layers {args.gpu_layers}" if args.gpu_layers else ""))
     print(format_table(results))
@@ -198,7 +198,7 @@ def _cmd_info(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .model import SELECTION_RULES
+    from .model import SELECTION_RULES, STRATEGIES
 
     parser = argparse.ArgumentParser(prog="selectinfer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -226,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profiling", action="store_true", help="also run each model with profiling on, side by side")
     p.add_argument("--compute-ratios", type=float, nargs="+", metavar="PHI",
                    help="run SelectInfer models densely over their loaded neurons and at each compute ratio")
+    p.add_argument("--strategies", nargs="+", metavar="NAME",
+                   choices=STRATEGIES,
+                   help="with --compute-ratios: each phi with each selection strategy (default: the file's)")
     p.add_argument("--repack", choices=["on", "off", "both"], default="on",
                    help="ggml's weight repacking (AMX, CPU_REPACK): on, off, or every model both ways")
     p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", type=int, default=0, dest="gpu_layers",

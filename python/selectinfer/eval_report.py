@@ -8,6 +8,26 @@ from pathlib import Path
 MIB = 1 << 20
 FAMILY_STYLE = {"original": ("k", "*"), "quantized": ("tab:blue", "s"), "selectinfer": ("tab:green", "o"),
                 "coreinfer": ("tab:red", "^"), "random": ("tab:gray", "x")}
+# SelectInfer points by selection rule (SELECTION_RULES), where a run has several
+RULE_STYLE = {"value": ("tab:green", "o"), "magnitude": ("tab:olive", "D"), "sum-magnitude": ("tab:cyan", "P"),
+              "fixed": ("tab:brown", "v"), "gate-guided": ("tab:purple", "h")}
+
+
+def _groups(rows: list[dict]):
+    """(label, colour, marker, rows) per family, SelectInfer split by selection rule when there are several."""
+    for family, (color, marker) in FAMILY_STYLE.items():
+        fam = [r for r in rows if r["family"] == family]
+        rules = sorted({r.get("select_by") for r in fam if r.get("select_by")})
+        if family != "selectinfer" or len(rules) < 2:
+            if fam:
+                yield family, color, marker, fam
+            continue
+        loaded = [r for r in fam if not r.get("select_by")]
+        if loaded:
+            yield f"{family} loaded-only", color, "s", loaded
+        for rule in rules:
+            rule_color, rule_marker = RULE_STYLE.get(rule, (color, marker))
+            yield f"{family} {rule}", rule_color, rule_marker, [r for r in fam if r.get("select_by") == rule]
 
 
 def _mib(n) -> str:
@@ -135,15 +155,12 @@ def plot(report: dict, out_dir: Path) -> list[Path]:
         if not pts:
             return
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for family, (color, marker) in FAMILY_STYLE.items():
-            fam = [r for r in pts if r["family"] == family]
-            if not fam:
-                continue
+        for label, color, marker, fam in _groups(pts):
             yerr = None
             if err is not None:
                 yerr = [[value(r) - err(r)[0] for r in fam], [err(r)[1] - value(r) for r in fam]]
             ax.errorbar([x(r) for r in fam], [value(r) for r in fam], yerr=yerr, fmt=marker, color=color,
-                        label=family, capsize=3)
+                        label=label, capsize=3)
         best = frontier([(x(r), value(r)) for r in pts], x_lower_better, y_lower_better)
         ax.plot([x(pts[i]) for i in best], [value(pts[i]) for i in best], "--", color="tab:orange", lw=1,
                 label="frontier (not dominated)")

@@ -55,15 +55,14 @@ class _StopFilter:
 
 # Model's keywords for selective computation (SelectionOverrides), for callers that pass them on.
 SELECTION_KEYWORDS = ("strategy", "compute_ratio", "token_ratio", "select_by", "dense", "coreinfer")
+STRATEGIES = tuple(_native.STRATEGIES)  # "frequency" (the method's, the default), "sum-magnitude", ...
 # The ways a prompt chooses its neurons, by name (selectinfer eval --select-by) -> Model keywords:
 # the method's frequency strategy ranking each token's neurons by value or by magnitude, and the
 # other strategies.
 SELECTION_RULES = {
     "value": {"select_by": "value"},
     "magnitude": {"select_by": "magnitude"},
-    "sum-magnitude": {"strategy": "sum-magnitude"},
-    "fixed": {"strategy": "fixed"},
-    "gate-guided": {"strategy": "gate-guided"},
+    **{name: {"strategy": name} for name in STRATEGIES if name != "frequency"},
 }
 
 
