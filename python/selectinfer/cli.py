@@ -323,8 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--phis", type=float, nargs="+",
                    help="compute ratios within [delta, gamma] (default 0.3 0.4 0.5; --quick 0.4)")
     p.add_argument("--select-by", nargs="+", choices=list(SELECTION_RULES),
-                   help="how prompts choose neurons: the method's frequency ranking by value or magnitude, "
-                        "the sum-magnitude or the fixed strategy (default value and magnitude; --quick value)")
+                   help="how decode's neurons are chosen: the method's frequency ranking by value or magnitude, "
+                        "or the sum-magnitude, fixed or gate-guided strategy (default value and magnitude; "
+                        "--quick value)")
     p.add_argument("--quants", nargs="*", help="quantized baselines (default F16 Q8_0 Q4_0 Q4_K_M; --quick Q4_0)")
     p.add_argument("--si-quants", nargs="*",
                    help="also SelectInfer files made from these quantized baselines at the middle gamma "

@@ -6,7 +6,8 @@ Configurations (all made from the source model, cached in OUT/models/):
   quantized          its weights in other types (F16, Q8_0, Q4_0, Q4_K_M) with the tree's quantizer;
   selectinfer        SelectInfer files at each gamma (profile ranking), every loaded neuron computed
                      (loaded-only) and at each phi in [delta, gamma], by each selection rule
-                     (SELECTION_RULES: frequency by value or magnitude, sum-magnitude, fixed);
+                     (SELECTION_RULES: frequency by value or magnitude, sum-magnitude, fixed,
+                     gate-guided);
                      also built from the quantized files (--si-quants);
   coreinfer          gamma 1, delta 0 (every neuron loaded, the whole choice per prompt) at each phi;
   random             random loading at the middle gamma, loaded-only and at the middle phi.
