@@ -26,6 +26,19 @@ def make_si_model(root: Path, *, seed: int, layers: str, n_ff: int = 256, shape:
     return src, out
 
 
+def profiled_si_model(model: Path, root: Path, load_ratio: float = 0.7) -> Path:
+    """A real model's SelectInfer GGUF from a short profile (4 prompts of the QA and text data
+    sets, 16 tokens each), the QA ranking, delta 0.3, the default layers."""
+    from selectinfer.convert import convert
+    from selectinfer.profiler import profile_model
+
+    profile = root / "p.safetensors"
+    profile_model(model, ["capitals-qa", "botchan"], profile, max_prompts=4, max_new_tokens=16, progress=False)
+    out = root / f"si{round(100 * load_ratio)}.gguf"
+    convert(model, out, profile=profile, task="qa", load_ratio=load_ratio, static_ratio=0.3, progress=False)
+    return out
+
+
 def tool(name: str) -> str:
     """The path of an installed program of this package: from $SELECTINFER_BIN (a variant build's,
     scripts/test_variant.sh), else the venv's bin/, else the PATH."""

@@ -7,7 +7,7 @@ one). The logic the kernels share with the host is checked everywhere (tests/tes
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from helpers import f32, i32, stored_rows
+from helpers import f32, i32, profiled_si_model, stored_rows
 from reference import reference_choose, reference_count
 
 from selectinfer import Model, _native
@@ -126,15 +126,7 @@ def test_default_model_on_the_gpu_decodes_like_the_cpu(cuda, default_model):
 
 @pytest.fixture(scope="module")
 def si_default(default_model, tmp_path_factory):
-    from selectinfer.convert import convert
-    from selectinfer.profiler import profile_model
-
-    root = tmp_path_factory.mktemp("cuda_si")
-    profile = root / "p.safetensors"
-    profile_model(default_model, ["capitals-qa", "botchan"], profile, max_prompts=4, max_new_tokens=16, progress=False)
-    out = root / "si70.gguf"
-    convert(default_model, out, profile=profile, task="qa", load_ratio=0.7, static_ratio=0.3, progress=False)
-    return out
+    return profiled_si_model(default_model, tmp_path_factory.mktemp("cuda_si"))
 
 
 def test_selectinfer_on_the_gpu_selects_and_decodes_like_the_cpu(cuda, si_default):

@@ -4,6 +4,7 @@ import hashlib
 
 import numpy as np
 import pytest
+from helpers import profiled_si_model
 
 from selectinfer import MODELS, Model, pull
 
@@ -20,15 +21,7 @@ def gemma():
 @pytest.fixture(scope="module")
 def gemma_si(gemma, tmp_path_factory):
     """Profiled on a few prompts, gamma 0.7, delta 0.3 (the default layers)."""
-    from selectinfer.convert import convert
-    from selectinfer.profiler import profile_model
-
-    root = tmp_path_factory.mktemp("gemma3")
-    profile = root / "p.safetensors"
-    profile_model(gemma, ["capitals-qa", "botchan"], profile, max_prompts=4, max_new_tokens=16, progress=False)
-    out = root / "si70.gguf"
-    convert(gemma, out, profile=profile, task="qa", load_ratio=0.7, static_ratio=0.3, progress=False)
-    return out
+    return profiled_si_model(gemma, tmp_path_factory.mktemp("gemma3"))
 
 
 def ffn_bytes(path) -> int:
