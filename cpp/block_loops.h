@@ -6,6 +6,7 @@
 
 #include "ggml.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -257,36 +258,227 @@ inline void block_values(const char * row, int64_t b, f32v * out) {
     }
 }
 
-// y[0..E) += sum_k v[k] * rows[k][0..E) for nr <= GROUP rows, block by block: GROUP weight
-// streams keep the memory bus busy, and y is read and written once per block.
-template <ggml_type T> struct AddRows {
-    static void run(const char * const * rows, const float * v, int nr, int64_t E, float * y) {
-        if constexpr (is_k_quant<T>) {
-            for (int64_t sb = 0; sb < E / 256; ++sb) add_super_block(rows, v, nr, sb, y + 256 * sb);
-            return;
+// --- Integer sums of rows (x86 with AVX2): the transposed down projection at decode ------------
+// A float loop spends a widening, a conversion and an FMA per weight vector (compute-bound on
+// 4-5 bit types). Here the row factors w_k = v_k * scale_k of a group of rows are quantized to
+// int8 per 16-value piece (S = max |w_k| / 127, W_k = round(w_k / S)), and the weights' small
+// unsigned integers u are multiplied by them with vpmaddubsw, two rows per instruction, summed in
+// 16 bits, converted once per block: y += S * sum_k W_k (u_k - c) + offsets, c the middle of u's
+// range (the zero point of Q4_0 and Q6_K; for Q4_1 and the other K-quants, c * sum_k w_k joins
+// their minimums in exact float offsets). Each term's error is at most S/2 * |u - c|: the
+// precision of upstream's dot products, whose activation is quantized to 8 bits per 32 values.
+// Non-finite or tiny factors take the float loop.
+#if defined(__AVX2__) && !defined(SI_NO_INT_ROWS)
+#define SI_INT_ROWS 1
+template <ggml_type T> constexpr bool has_int_rows =
+    T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1 || T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K || T == GGML_TYPE_Q6_K;
+// pairs of rows summed in 16 bits before a widening: 2 * 127 * max u per pair, under 2^15
+template <ggml_type T> constexpr int int_pairs_per_flush = T == GGML_TYPE_Q6_K ? 2 : T == GGML_TYPE_Q5_K ? 4 : 8;
+
+// The 32 unsigned integers of block j of a row, values 0..15 then 16..31 (one 256-bit vector).
+template <ggml_type T>
+inline __m256i int_block_u(const uint8_t * base, int j) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    if constexpr (T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1) {  // base: the block's 16 packed bytes
+        const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) base));
+        return _mm256_and_si256(_mm256_srlv_epi64(x, _mm256_set_epi64x(4, 4, 0, 0)), low4);
+    } else if constexpr (T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K) {  // base: the super-block
+        constexpr bool five = T == GGML_TYPE_Q5_K;
+        const __m256i x = _mm256_loadu_si256((const __m256i *) (base + (five ? 48 : 16) + 32 * (j / 2)));
+        __m256i u = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(x, 4) : x, low4);
+        if constexpr (five) {  // bit j of qh[l] is the fifth bit of value l
+            const __m256i qh = _mm256_loadu_si256((const __m256i *) (base + 16));
+            const __m256i bit = j < 4 ? _mm256_slli_epi16(qh, 4 - j) : _mm256_srli_epi16(qh, j - 4);
+            u = _mm256_or_si256(u, _mm256_and_si256(bit, _mm256_set1_epi8(0x10)));
         }
-        for (int64_t b = 0; b < E / 32; ++b) {
-            f32v acc[PARTS], vals[PARTS];
-            for (int p = 0; p < PARTS; ++p) acc[p] = load_as<f32v>(y + 32 * b + LANES * p);
-            if constexpr (is_float_type<T>) {
-                for (int k = 0; k < nr; ++k) {
-                    float_block<T>(rows[k], b, vals);
-                    for (int p = 0; p < PARTS; ++p) acc[p] += v[k] * vals[p];
-                }
-            } else {
-                float offset[2] = {0.0f, 0.0f};
-                for (int k = 0; k < nr; ++k) {
-                    BlockScale s;
-                    quant_block<T>(rows[k], b, vals, s);
-                    for (int p = 0; p < PARTS; ++p) acc[p] += splat(v[k] * s.scale[p / HALF]) * vals[p];
-                    offset[0] += v[k] * s.offset[0];
-                    offset[1] += v[k] * s.offset[1];
-                }
-                for (int p = 0; p < PARTS; ++p) acc[p] += offset[p / HALF];
-            }
-            for (int p = 0; p < PARTS; ++p) std::memcpy(y + 32 * b + LANES * p, &acc[p], sizeof acc[p]);
+        return u;
+    } else {  // Q6_K, base: the super-block; layout as in k_block_q
+        const int n = j / 4, r = j % 4;
+        const __m256i ql = _mm256_loadu_si256((const __m256i *) (base + 64 * n + 32 * (r % 2)));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *) (base + 128 + 32 * n));
+        const __m256i lo = _mm256_and_si256(r < 2 ? ql : _mm256_srli_epi16(ql, 4), low4);
+        const int shift = 2 * r - 4;  // bits 2r, 2r+1 of qh to bits 4, 5
+        const __m256i hi = shift < 0 ? _mm256_slli_epi16(qh, -shift) : _mm256_srli_epi16(qh, shift);
+        return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
+    }
+}
+
+// The int8 factors of a group of rows, per piece (a K-quant's 16 values, or a Q4_0/Q4_1 block).
+struct IntFactors {
+    int32_t pair[GROUP / 2][16];  // low 16 bits: the W bytes of rows 2i and 2i + 1, for vpmaddubsw
+    float step[16];               // S
+    int32_t sum_w[16];            // sum_k W_k
+    float sum_f[16];              // sum_k w_k, exact
+};
+
+// w[k][piece] for rows k < nr, 16 pieces (unused ones 0) to int8 factors; false when a factor is
+// not finite or the step would be under FLT_MIN (the float loop then runs).
+inline bool quantize_factors(const float (*w)[16], int nr, IntFactors & f) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), huge = _mm256_set1_ps(3.0e38f);
+    __m256 m[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, sum[2] = {m[0], m[0]};
+    __m256 finite = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    for (int k = 0; k < nr; ++k) {
+        for (int h = 0; h < 2; ++h) {
+            const __m256 x = _mm256_loadu_ps(w[k] + 8 * h), a = _mm256_and_ps(x, magnitude);
+            finite = _mm256_and_ps(finite, _mm256_cmp_ps(a, huge, _CMP_LE_OQ));  // false for NaN and inf
+            m[h] = _mm256_max_ps(m[h], a);
+            sum[h] = _mm256_add_ps(sum[h], x);
         }
     }
+    __m256 inv[2];
+    for (int h = 0; h < 2; ++h) {
+        const __m256 nonzero = _mm256_cmp_ps(m[h], _mm256_setzero_ps(), _CMP_GT_OQ);
+        finite = _mm256_and_ps(finite, _mm256_or_ps(_mm256_xor_ps(nonzero, _mm256_castsi256_ps(_mm256_set1_epi32(-1))),
+                                                    _mm256_cmp_ps(m[h], _mm256_set1_ps(1.0e-30f), _CMP_GE_OQ)));
+        inv[h] = _mm256_and_ps(nonzero, _mm256_div_ps(_mm256_set1_ps(127.0f), m[h]));
+        _mm256_storeu_ps(f.step + 8 * h, _mm256_div_ps(m[h], _mm256_set1_ps(127.0f)));
+        _mm256_storeu_ps(f.sum_f + 8 * h, sum[h]);
+    }
+    if (_mm256_movemask_ps(finite) != 0xFF) return false;
+    __m256i sum_w[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int i = 0; i < GROUP / 2; ++i) {
+        for (int h = 0; h < 2; ++h) {
+            // |w * inv| <= 127, rounded to nearest; a missing partner row is 0
+            const int k = 2 * i;
+            const __m256i w0 = k < nr ? _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(w[k] + 8 * h), inv[h])) : _mm256_setzero_si256();
+            const __m256i w1 = k + 1 < nr ? _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(w[k + 1] + 8 * h), inv[h])) : _mm256_setzero_si256();
+            sum_w[h] = _mm256_add_epi32(sum_w[h], _mm256_add_epi32(w0, w1));
+            const __m256i pair = _mm256_or_si256(_mm256_and_si256(w0, _mm256_set1_epi32(0xFF)), _mm256_slli_epi32(w1, 8));
+            _mm256_storeu_si256((__m256i *) (f.pair[i] + 8 * h), pair);
+        }
+    }
+    _mm256_storeu_si256((__m256i *) f.sum_w, sum_w[0]);
+    _mm256_storeu_si256((__m256i *) (f.sum_w + 8), sum_w[1]);
+    return true;
+}
+
+// y[0..32) += S * sum_k W_k (u_k - c) + offset, one block of every row: u[k] its integers,
+// values 0..15 with the factors of piece lo, 16..31 with those of piece hi.
+template <ggml_type T>
+inline void add_int_block(const __m256i * u, int nr, int lo, int hi, const IntFactors & f, int center,
+                          const float * offset, float * y) {
+    __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    __m256i lo16 = _mm256_setzero_si256(), hi16 = _mm256_setzero_si256();
+    auto flush = [&]() {  // 16-bit sums to 32 bits: lo16 holds values 0-7 | 16-23, hi16 8-15 | 24-31
+        acc[0] = _mm256_add_epi32(acc[0], _mm256_cvtepi16_epi32(_mm256_castsi256_si128(lo16)));
+        acc[1] = _mm256_add_epi32(acc[1], _mm256_cvtepi16_epi32(_mm256_castsi256_si128(hi16)));
+        acc[2] = _mm256_add_epi32(acc[2], _mm256_cvtepi16_epi32(_mm256_extracti128_si256(lo16, 1)));
+        acc[3] = _mm256_add_epi32(acc[3], _mm256_cvtepi16_epi32(_mm256_extracti128_si256(hi16, 1)));
+        lo16 = hi16 = _mm256_setzero_si256();
+    };
+    for (int k = 0; k < nr; k += 2) {
+        const __m256i a = u[k], b = k + 1 < nr ? u[k + 1] : u[k];  // an odd last row pairs with W = 0
+        const int32_t * pair = f.pair[k / 2];
+        const __m256i factors = _mm256_set_m128i(_mm_set1_epi16((int16_t) pair[hi]), _mm_set1_epi16((int16_t) pair[lo]));
+        lo16 = _mm256_add_epi16(lo16, _mm256_maddubs_epi16(_mm256_unpacklo_epi8(a, b), factors));
+        hi16 = _mm256_add_epi16(hi16, _mm256_maddubs_epi16(_mm256_unpackhi_epi8(a, b), factors));
+        if ((k / 2 + 1) % int_pairs_per_flush<T> == 0) flush();
+    }
+    flush();
+    for (int q = 0; q < 4; ++q) {  // the q-th 8 values
+        const int piece = q < 2 ? lo : hi;
+        const __m256i sum = _mm256_sub_epi32(acc[q], _mm256_set1_epi32(center * f.sum_w[piece]));
+        const __m256 prev = _mm256_add_ps(_mm256_loadu_ps(y + 8 * q), _mm256_set1_ps(offset[q / 2]));
+        _mm256_storeu_ps(y + 8 * q, _mm256_fmadd_ps(_mm256_set1_ps(f.step[piece]), _mm256_cvtepi32_ps(sum), prev));
+    }
+}
+#else
+template <ggml_type T> constexpr bool has_int_rows = false;
+#endif
+
+// y[0..E) += sum_k v[k] * rows[k][0..E) for nr <= GROUP rows, block by block: GROUP weight
+// streams keep the memory bus busy, and y is read and written once per block.
+// next[0..n_next): the rows the caller adds after these, read ahead chunk by chunk while these
+// are added (a group's distance hides the memory latency; the rows of a group are short streams
+// that the hardware prefetcher follows late).
+template <ggml_type T> struct AddRows {
+    static void run(const char * const * rows, const float * v, int nr, int64_t E, float * y,
+                    const char * const * next = nullptr, int n_next = 0) {
+        if constexpr (is_k_quant<T>) {
+            for (int64_t sb = 0; sb < E / 256; ++sb) {
+                prefetch(next, n_next, k_super_bytes<T> * sb, k_super_bytes<T> * (sb + 1));
+                add_super_block(rows, v, nr, sb, y + 256 * sb);
+            }
+            return;
+        }
+#if defined(SI_INT_ROWS)
+        if constexpr (has_int_rows<T>) {  // eight blocks at a time: one quantization of the factors
+            for (int64_t b = 0; b < E / 32; b += 8) {
+                const int nb = (int) std::min<int64_t>(8, E / 32 - b);
+                prefetch(next, n_next, block_bytes * b, block_bytes * (b + nb));
+                if (add_blocks_int(rows, v, nr, b, nb, y + 32 * b)) continue;
+                for (int i = 0; i < nb; ++i) add_block_float(rows, v, nr, b + i, y + 32 * (b + i));
+            }
+            return;
+        }
+#endif
+        for (int64_t b = 0; b < E / 32; ++b) {
+            if (b % 8 == 0) prefetch(next, n_next, block_bytes * b, block_bytes * std::min<int64_t>(b + 8, E / 32));
+            add_block_float(rows, v, nr, b, y + 32 * b);
+        }
+    }
+
+    // bytes per 32 values (K-quants: an eighth of a super-block, only used for the others)
+    static constexpr int64_t block_bytes = T == GGML_TYPE_F32 ? 128 : is_float_type<T> ? 64 : T == GGML_TYPE_Q8_0 ? 34
+                                         : T == GGML_TYPE_Q4_1 ? 20 : 18;
+
+    static void prefetch(const char * const * next, int n_next, int64_t lo, int64_t hi) {
+        for (int k = 0; k < n_next; ++k) {
+            for (int64_t line = lo & ~63; line < hi; line += 64) __builtin_prefetch(next[k] + line);
+        }
+    }
+
+    static void add_block_float(const char * const * rows, const float * v, int nr, int64_t b, float * y) {
+        f32v acc[PARTS], vals[PARTS];
+        for (int p = 0; p < PARTS; ++p) acc[p] = load_as<f32v>(y + LANES * p);
+        if constexpr (is_float_type<T>) {
+            for (int k = 0; k < nr; ++k) {
+                float_block<T>(rows[k], b, vals);
+                for (int p = 0; p < PARTS; ++p) acc[p] += v[k] * vals[p];
+            }
+        } else {
+            float offset[2] = {0.0f, 0.0f};
+            for (int k = 0; k < nr; ++k) {
+                BlockScale s;
+                quant_block<T>(rows[k], b, vals, s);
+                for (int p = 0; p < PARTS; ++p) acc[p] += splat(v[k] * s.scale[p / HALF]) * vals[p];
+                offset[0] += v[k] * s.offset[0];
+                offset[1] += v[k] * s.offset[1];
+            }
+            for (int p = 0; p < PARTS; ++p) acc[p] += offset[p / HALF];
+        }
+        for (int p = 0; p < PARTS; ++p) std::memcpy(y + LANES * p, &acc[p], sizeof acc[p]);
+    }
+
+#if defined(SI_INT_ROWS)
+    // Q4_0, Q4_1: blocks [b0, b0 + nb) (nb <= 8) of every row in integers, a piece per block;
+    // false (nothing added) where the float loop must run.
+    static bool add_blocks_int(const char * const * rows, const float * v, int nr, int64_t b0, int nb, float * y) {
+        constexpr bool with_min = T == GGML_TYPE_Q4_1;
+        constexpr int bytes = with_min ? 20 : 18;
+        float w[GROUP][16] = {}, offset[16] = {};
+        for (int k = 0; k < nr; ++k) {
+            const uint8_t * blk = (const uint8_t *) rows[k] + bytes * b0;
+            for (int i = 0; i < nb; ++i) {
+                w[k][i] = v[k] * fp16(blk + bytes * i);
+                if constexpr (with_min) offset[i] += v[k] * fp16(blk + bytes * i + 2);
+            }
+        }
+        IntFactors f;
+        if (!quantize_factors(w, nr, f)) return false;
+        // Q4_0: d * (u - 8), 8 its zero point; Q4_1: d * u + m, u - 8 in integers, 8 * d * v exact
+        if constexpr (with_min) {
+            for (int i = 0; i < nb; ++i) offset[i] += 8.0f * f.sum_f[i];
+        }
+        for (int i = 0; i < nb; ++i) {
+            __m256i u[GROUP];
+            for (int k = 0; k < nr; ++k) u[k] = int_block_u<T>((const uint8_t *) rows[k] + bytes * (b0 + i) + (with_min ? 4 : 2), 0);
+            const float offsets[2] = {offset[i], offset[i]};
+            add_int_block<T>(u, nr, i, i, f, 8, offsets, y + 32 * i);
+        }
+        return true;
+    }
+#endif
 
     // A K-quant super-block of every row: its scales unpacked once per row (not per block), then
     // block by block with the block index a constant (no branches on it in the inner loop).
@@ -295,11 +487,27 @@ template <ggml_type T> struct AddRows {
         float scale[GROUP][16], offset[16] = {};
         for (int k = 0; k < nr; ++k) {
             sbs[k] = (const uint8_t *) rows[k] + k_super_bytes<T> * sb;
-            // the next super-block of the row, ahead of the hardware prefetcher (Q6_K: 2x on Zen 4,
-            // whose streams lose track of eight rows read end first: scales, then values)
-            for (int line = 0; line < k_super_bytes<T> + 64; line += 64) __builtin_prefetch(sbs[k] + k_super_bytes<T> + line);
             k_super_scales<T>(sbs[k], v[k], scale[k], offset);
         }
+#if defined(SI_INT_ROWS)
+        IntFactors f;
+        if (quantize_factors(scale, nr, f)) {
+            // Q6_K's values are scale * (u - 32): its zero point is the center (the float offset had
+            // -32 * scale); Q4_K's and Q5_K's d * sc * u - dmin * m: u - c in integers, c * scale exact
+            constexpr int center = T == GGML_TYPE_Q6_K ? 32 : T == GGML_TYPE_Q5_K ? 16 : 8;
+            float exact_offset[16] = {};
+            if constexpr (T != GGML_TYPE_Q6_K) {
+                for (int p = 0; p < 16; ++p) exact_offset[p] = offset[p] + center * f.sum_f[p];
+            }
+            unroll<8>([&](auto J) {
+                constexpr int j = decltype(J)::value;
+                __m256i u[GROUP];
+                for (int k = 0; k < nr; ++k) u[k] = int_block_u<T>(sbs[k], j);
+                add_int_block<T>(u, nr, 2 * j, 2 * j + 1, f, center, exact_offset + 2 * j, y + 32 * j);
+            });
+            return;
+        }
+#endif
         unroll<8>([&](auto J) {
             constexpr int j = decltype(J)::value;
             f32v acc[PARTS], q[PARTS];

@@ -84,9 +84,10 @@ template <template <ggml_type> class K, typename... A> void with_block_type(ggml
 
 // y[0..E) += sum_k v[k] * rows[k][0..E) for nr <= GROUP rows; false when this type (or this E,
 // or this CPU) has no fused loop and the caller converts row by row instead.
-bool add_rows_fused(ggml_type type, const char * const * rows, const float * v, int nr, int64_t E, float * y) {
+bool add_rows_fused(ggml_type type, const char * const * rows, const float * v, int nr, int64_t E, float * y,
+                    const char * const * next, int n_next) {
     if (E % 32 != 0 || !has_block_loop(type)) return false;
-    with_block_type<AddRows>(type, rows, v, nr, E, y);
+    with_block_type<AddRows>(type, rows, v, nr, E, y, next, n_next);
     return true;
 }
 
@@ -156,12 +157,14 @@ void mul_rows_t_one_token(const ggml_compute_params * params, ggml_tensor * dst)
     // scattered (slower to read), so contiguous halves would leave one thread waiting
     for (int64_t j = ith * GROUP; j < n; j += nth * GROUP) {
         const int nr = (int) std::min<int64_t>(GROUP, n - j);
-        const char * rows[GROUP];
+        const char * rows[GROUP], * next[GROUP];
         for (int k = 0; k < nr; ++k) rows[k] = (const char *) w->data + row_of(j + k) * w->nb[1];
+        int n_next = 0;  // this thread's next group, read ahead while this one is added
         for (int64_t k = j + nth * GROUP; k < std::min(n, j + (nth + 1) * GROUP); ++k) {
-            prefetch_row_start((const char *) w->data + row_of(k) * w->nb[1], row_size);
+            next[n_next++] = (const char *) w->data + row_of(k) * w->nb[1];
         }
-        if (add_rows_fused(w->type, rows, h + j, nr, E, y)) continue;
+        if (add_rows_fused(w->type, rows, h + j, nr, E, y, next, n_next)) continue;
+        for (int k = 0; k < n_next; ++k) prefetch_row_start(next[k], row_size);
         for (int k = 0; k < nr; ++k) {
             if (h[j + k] == 0.0f) continue;
             rows_to_float(w, row_of, j + k, 1, 0, E, chunk, E);

@@ -1,7 +1,8 @@
 // Runs the fused block loops (cpp/block_loops.h) as built for one CPU level, for
 // tests/test_block_loops.py:  block_loops_check TYPE N_ROWS N_COLS ROW_BYTES < rows v x
 // stdin: N_ROWS rows of ROW_BYTES, then N_ROWS floats v and N_COLS floats x (native order).
-// stdout: every row as floats (N_ROWS x N_COLS), x + sum_k v[k] row k (N_COLS), row k . x (N_ROWS).
+// stdout: every row as floats (N_ROWS x N_COLS), x + sum_k v[k] row k (N_COLS), row k . x (N_ROWS),
+// then 1 where rows are added in integers (8-bit factors, block_loops.h), else 0.
 #include "block_loops.h"
 #include "sparse_ffn_ops.h"
 
@@ -27,6 +28,8 @@ template <ggml_type T> struct Check {
         }
         fwrite(y.data(), sizeof(float), n_cols, stdout);
         fwrite(dots.data(), sizeof(float), n_rows, stdout);
+        const float int_rows = has_int_rows<T> ? 1.0f : 0.0f;
+        fwrite(&int_rows, sizeof(float), 1, stdout);
     }
 };
 
