@@ -24,6 +24,7 @@ constexpr const char * kLoadRatio    = "selectinfer.load_ratio";
 constexpr const char * kStaticRatio  = "selectinfer.static_ratio";
 constexpr const char * kComputeRatio = "selectinfer.compute_ratio";
 constexpr const char * kTokenRatio   = "selectinfer.token_ratio";
+constexpr const char * kStrategy     = "selectinfer.strategy";
 constexpr const char * kStaticCount  = "selectinfer.static_count";
 constexpr const char * kLayers       = "selectinfer.layers";
 constexpr const char * kStaticCounts = "selectinfer.static_counts";
@@ -101,6 +102,15 @@ public:
             refuse(key + buf);
         }
         return (float) v;
+    }
+
+    // A string value; `optional` keys that are absent give "".
+    std::string text(const std::string & key, bool optional = false) const {
+        if (optional && !has(key)) return "";
+        const int64_t id = find(key);
+        const gguf_type t = gguf_get_kv_type(meta_, id);
+        if (t != GGUF_TYPE_STRING) refuse(key + " is a " + gguf_type_name(t) + ", not a string");
+        return gguf_get_val_str(meta_, id);
     }
 
     std::vector<int64_t> integers(const std::string & key) const {
@@ -236,6 +246,12 @@ std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model,
     info->token_ratio  = m.ratio(kTokenRatio, 0.0f, 1.0f, /*optional=*/true);
     if (info->load_ratio <= 0.0f) refuse(std::string(kLoadRatio) + " must be > 0");
     if (info->token_ratio == 0.0f) refuse(std::string(kTokenRatio) + " must be > 0");
+    info->strategy = m.text(kStrategy, /*optional=*/true);
+    if (!info->strategy.empty() && !strategy_named(info->strategy)) {
+        std::string shown;  // the file's bytes, printable ASCII only
+        for (char c : info->strategy.substr(0, 40)) shown += (c >= 32 && c < 127) ? c : '?';
+        refuse(std::string(kStrategy) + " = '" + shown + "' is not a strategy (" + kStrategyNames + ")");
+    }
 
     const std::vector<int64_t> layers = m.integers(kLayers);
     const std::vector<int64_t> statics = m.integers(kStaticCounts);

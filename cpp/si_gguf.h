@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 struct llama_layer;
@@ -33,6 +34,7 @@ struct SiModelInfo {
     float    static_ratio   = 0;   // delta
     float    compute_ratio  = -1;  // phi the file suggests; < 0: none (the engine's default)
     float    token_ratio    = -1;  // alpha the file suggests; < 0: none
+    std::string strategy;          // the selection strategy the file suggests (a strategy_named name); empty: none
     std::map<int, int32_t> n_static;  // SelectInfer layer -> static neurons (rows 0..n_static-1)
     std::map<int, int32_t> n_load;    // SelectInfer layer -> loaded neurons (rows of its FFN tensors)
 };

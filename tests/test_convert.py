@@ -267,6 +267,7 @@ def test_unpatched_upstream_refuses_cleanly(models, tmp_path):
     ({"layers": "2:9"}, "outside the model's layers 0:3"),
     ({"layers": "x"}, "is not START:END"),
     ({"ranking": "magic"}, "ranking must be"),
+    ({"strategy": "best"}, "strategy must be one of frequency, sum-magnitude, fixed, gate-guided, got 'best'"),
 ])
 def test_bad_arguments(models, tmp_path, kwargs, match):
     out = tmp_path / "out.gguf"

@@ -232,6 +232,34 @@ def test_fixed_strategy_computes_the_best_ranked_neurons_for_every_prompt(si_mod
             assert np.abs(logits - expected_logits).max() < 2e-3 * np.abs(expected_logits).max()
 
 
+def test_the_files_strategy_is_its_default_and_settings_override_it(tmp_path, monkeypatch):
+    """`selectinfer convert --strategy fixed` writes selectinfer.strategy: the file then decodes as
+    strategy="fixed" does (the best-ranked neurons, whatever the prompt); SELECTINFER_STRATEGY
+    overrides the file, and Model(strategy=) the environment."""
+    src = tmp_path / "dense.gguf"
+    make_model(src, "tiny-llama", weight_type="F32", seed=11, n_ff=256, n_layer=3)
+    fixed = tmp_path / "fixed.gguf"
+    convert(src, fixed, ranking="random", seed=2, load_ratio=0.75, static_ratio=0.25, layers="1:3",
+            strategy="fixed", progress=False)
+    assert GGUFReader(fixed).get_field("selectinfer.strategy").contents() == "fixed"
+    best_ranked = list(range(round(0.4 * 256)))
+
+    def selections(**kwargs):
+        with Model(fixed, n_ctx=128, compute_ratio=0.4, **kwargs) as m:
+            out = []
+            for text in PROMPTS[:3]:
+                decode(m, m.tokenize(text), 1)
+                out.append({il: ids.tolist() for il, ids in m.selected_neurons().items()})
+            return out
+
+    assert selections() == [{1: best_ranked, 2: best_ranked}] * 3
+    by_prompt = selections(strategy="frequency")
+    assert any(s != {1: best_ranked, 2: best_ranked} for s in by_prompt), "the prompts choose the best-ranked too"
+    monkeypatch.setenv("SELECTINFER_STRATEGY", "frequency")
+    assert selections() == by_prompt
+    assert selections(strategy="fixed") == [{1: best_ranked, 2: best_ranked}] * 3
+
+
 def forward_gate_guided(ref: ReferenceModel, tokens, n_prompt, n_static, n_select, si_layers):
     """Logits of the reference where each position >= n_prompt of a SelectInfer layer computes the
     static neurons and the n_select - n_static others with the largest |act(gate)| of its own (ties

@@ -87,7 +87,7 @@ def _cmd_convert(args: argparse.Namespace) -> None:
 
     r = convert(args.model, args.output, profile=args.profile, task=args.task, load_ratio=args.load_ratio,
                 static_ratio=args.static_ratio, layers=args.layers, ranking=args.ranking, seed=args.seed,
-                memory_budget=args.memory_budget)
+                memory_budget=args.memory_budget, strategy=args.strategy)
     print(f"{r.path}: gamma {r.load_ratio:.3f}, delta {r.static_ratio:.3f}, layers {r.layers.start}:{r.layers.stop}, "
           f"{r.source_bytes / 2**20:.1f} MiB -> {r.output_bytes / 2**20:.1f} MiB")
 
@@ -273,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="random: the random-loading baseline (no profile needed)")
     p.add_argument("--seed", type=int, default=0, help="seed of --ranking random")
     p.add_argument("--memory-budget", metavar="SIZE", help="choose the largest gamma whose weights fit SIZE (e.g. 80M)")
+    p.add_argument("--strategy", choices=STRATEGIES, default="frequency",
+                   help="the selection strategy the file suggests (its default; the environment and "
+                        "--strategy of a program override it)")
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("inspect", help="metadata and per-layer widths of a (SelectInfer) GGUF")

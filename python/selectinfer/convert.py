@@ -367,13 +367,17 @@ _DIGEST_PLACEHOLDER = "pending-sha256-".ljust(64, "x")  # same length as a hex s
 def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile: str | os.PathLike | None = None,
             task: str | None = None, load_ratio: float | None = 0.7, static_ratio: float = 0.3,
             layers: str | None = None, ranking: str = "profile", seed: int = 0, memory_budget: str | None = None,
-            progress: bool = True, check_profile_source: bool = True) -> ConvertResult:
+            strategy: str = "frequency", progress: bool = True, check_profile_source: bool = True) -> ConvertResult:
     """Writes the SelectInfer GGUF `output` from the dense GGUF `model_path` (see module docs).
+    `strategy` is the selection strategy the file suggests (the engine's default for this file;
+    the environment and a program's own setting override it).
     check_profile_source=False accepts a profile made on another file of the same shape (the same
     model in another weight type: the evaluation's quantized SelectInfer files)."""
     model_path, output = Path(model_path), Path(output)
     if not model_path.is_file():
         raise FileNotFoundError(f"model file not found: {model_path}")
+    if strategy not in _native.STRATEGIES:
+        raise ConvertError(f"strategy must be one of {', '.join(_native.STRATEGIES)}, got '{strategy}'")
     if ranking not in ("profile", "random"):
         raise ConvertError(f"ranking must be 'profile' or 'random', got '{ranking}'")
     src = SourceGGUF(model_path)
@@ -417,6 +421,7 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
         ("selectinfer.static_count", "u32", next(iter(plans.values())).n_static),  # per sparsified layer
         ("selectinfer.compute_ratio", "f32", float(min(load_ratio, max(static_ratio, DEFAULT_COMPUTE_RATIO)))),
         ("selectinfer.token_ratio", "f32", DEFAULT_TOKEN_RATIO),
+        ("selectinfer.strategy", "str", strategy),
         ("selectinfer.original_feed_forward_length", "u32", n_ff),
         ("selectinfer.source_digest", "str", _DIGEST_PLACEHOLDER),
         ("selectinfer.profile_digest", "str", sha256_file(profile) if prof else ""),
@@ -475,6 +480,8 @@ def inspect(path: str | os.PathLike) -> str:
         f"ratios        load (gamma) {src.get('selectinfer.load_ratio'):.3f}, "
         f"static (delta) {src.get('selectinfer.static_ratio'):.3f} of the original {n_orig} neurons",
         f"sparsified    layers {layers[0]}..{layers[-1]} ({len(layers)} of {n_layer})",
+        f"defaults      strategy {src.get('selectinfer.strategy') or 'frequency'}, compute (phi) "
+        f"{src.get('selectinfer.compute_ratio', -1):.3f}, token (alpha) {src.get('selectinfer.token_ratio', -1):.3f}",
         f"source        sha256 {src.get('selectinfer.source_digest')}",
         f"profile       sha256 {src.get('selectinfer.profile_digest') or '(random ranking)'}",
         "layer  width  static",
