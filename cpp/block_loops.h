@@ -268,7 +268,7 @@ inline void block_values(const char * row, int64_t b, f32v * out) {
 // their minimums in exact float offsets). Each term's error is at most S/2 * |u - c|: the
 // precision of upstream's dot products, whose activation is quantized to 8 bits per 32 values.
 // Non-finite or tiny factors take the float loop.
-#if defined(__AVX2__) && !defined(SI_NO_INT_ROWS)
+#if defined(__AVX2__)
 #define SI_INT_ROWS 1
 template <ggml_type T> constexpr bool has_int_rows =
     T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1 || T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K || T == GGML_TYPE_Q6_K;
