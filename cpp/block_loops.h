@@ -418,7 +418,7 @@ template <ggml_type T> struct AddRows {
         }
     }
 
-    // bytes per 32 values (K-quants: an eighth of a super-block, only used for the others)
+    // bytes per 32 values of a type stored in 32-value blocks (K-quants go by super-block)
     static constexpr int64_t block_bytes = T == GGML_TYPE_F32 ? 128 : is_float_type<T> ? 64 : T == GGML_TYPE_Q8_0 ? 34
                                          : T == GGML_TYPE_Q4_1 ? 20 : 18;
 
@@ -455,7 +455,7 @@ template <ggml_type T> struct AddRows {
     // false (nothing added) where the float loop must run.
     static bool add_blocks_int(const char * const * rows, const float * v, int nr, int64_t b0, int nb, float * y) {
         constexpr bool with_min = T == GGML_TYPE_Q4_1;
-        constexpr int bytes = with_min ? 20 : 18;
+        constexpr int64_t bytes = block_bytes;
         float w[GROUP][16] = {}, offset[16] = {};
         for (int k = 0; k < nr; ++k) {
             const uint8_t * blk = (const uint8_t *) rows[k] + bytes * b0;
