@@ -201,6 +201,11 @@ struct BlockScale {
     float scale[2], offset[2];  // values 0..15, 16..31
 };
 template <ggml_type T> constexpr bool is_float_type = T == GGML_TYPE_F32 || T == GGML_TYPE_F16 || T == GGML_TYPE_BF16;
+// Bytes per 32 values of a type stored in 32-value blocks (K-quants go by super-block:
+// k_super_bytes): Q8_0 d + 32 int8, Q4_1 d, m + 16 bytes, Q4_0 d + 16 bytes.
+template <ggml_type T>
+constexpr int64_t block_bytes = T == GGML_TYPE_F32 ? 128 : is_float_type<T> ? 64 : T == GGML_TYPE_Q8_0 ? 34
+                              : T == GGML_TYPE_Q4_1 ? 20 : 18;
 
 // Block b of a float row: its 32 values.
 template <ggml_type T>
@@ -222,7 +227,7 @@ template <ggml_type T>
 inline void quant_block(const char * row, int64_t b, f32v * q, BlockScale & s) {
     if constexpr (T == GGML_TYPE_Q8_0) {  // d, 32 x int8
         // as unsigned bytes offset by 128: GCC scalarizes the signed 8-bit widening here
-        const uint8_t * blk = (const uint8_t *) row + 34 * b;
+        const uint8_t * blk = (const uint8_t *) row + block_bytes<T> * b;
         bytes_to_f32(load_as<u8x16>(blk + 2) ^ 0x80, q);
         bytes_to_f32(load_as<u8x16>(blk + 18) ^ 0x80, q + HALF);
         const float d = fp16(blk);
@@ -230,7 +235,7 @@ inline void quant_block(const char * row, int64_t b, f32v * q, BlockScale & s) {
     } else if constexpr (T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1) {
         // Q4_0: d, 16 bytes; Q4_1: d, m, 16 bytes. Low nibbles are values 0..15, high 16..31.
         constexpr bool with_min = T == GGML_TYPE_Q4_1;
-        const uint8_t * blk = (const uint8_t *) row + (with_min ? 20 : 18) * b;
+        const uint8_t * blk = (const uint8_t *) row + block_bytes<T> * b;
         const u8x16 packed = load_as<u8x16>(blk + (with_min ? 4 : 2));
         bytes_to_f32(packed & 0x0F, q);
         bytes_to_f32(packed >> 4, q + HALF);
@@ -405,7 +410,7 @@ template <ggml_type T> struct AddRows {
         if constexpr (has_int_rows<T>) {  // eight blocks at a time: one quantization of the factors
             for (int64_t b = 0; b < E / 32; b += 8) {
                 const int nb = (int) std::min<int64_t>(8, E / 32 - b);
-                prefetch(next, n_next, block_bytes * b, block_bytes * (b + nb));
+                prefetch(next, n_next, block_bytes<T> * b, block_bytes<T> * (b + nb));
                 if (add_blocks_int(rows, v, nr, b, nb, y + 32 * b)) continue;
                 for (int i = 0; i < nb; ++i) add_block_float(rows, v, nr, b + i, y + 32 * (b + i));
             }
@@ -413,14 +418,10 @@ template <ggml_type T> struct AddRows {
         }
 #endif
         for (int64_t b = 0; b < E / 32; ++b) {
-            if (b % 8 == 0) prefetch(next, n_next, block_bytes * b, block_bytes * std::min<int64_t>(b + 8, E / 32));
+            if (b % 8 == 0) prefetch(next, n_next, block_bytes<T> * b, block_bytes<T> * std::min<int64_t>(b + 8, E / 32));
             add_block_float(rows, v, nr, b, y + 32 * b);
         }
     }
-
-    // bytes per 32 values of a type stored in 32-value blocks (K-quants go by super-block)
-    static constexpr int64_t block_bytes = T == GGML_TYPE_F32 ? 128 : is_float_type<T> ? 64 : T == GGML_TYPE_Q8_0 ? 34
-                                         : T == GGML_TYPE_Q4_1 ? 20 : 18;
 
     static void prefetch(const char * const * next, int n_next, int64_t lo, int64_t hi) {
         for (int k = 0; k < n_next; ++k) {
@@ -455,7 +456,7 @@ template <ggml_type T> struct AddRows {
     // false (nothing added) where the float loop must run.
     static bool add_blocks_int(const char * const * rows, const float * v, int nr, int64_t b0, int nb, float * y) {
         constexpr bool with_min = T == GGML_TYPE_Q4_1;
-        constexpr int64_t bytes = block_bytes;
+        constexpr int64_t bytes = block_bytes<T>;
         float w[GROUP][16] = {}, offset[16] = {};
         for (int k = 0; k < nr; ++k) {
             const uint8_t * blk = (const uint8_t *) rows[k] + bytes * b0;

@@ -141,7 +141,7 @@ NeuronSelection::NeuronSelection(const llama_model * model, const SiModelInfo & 
                                      ? info.compute_ratio
                                      : std::min(info.load_ratio, std::max(info.static_ratio, kDefaultComputeRatio));
     file_config_.token_ratio = info.token_ratio > 0 ? info.token_ratio : kDefaultTokenRatio;
-    if (!info.strategy.empty()) file_config_.strategy = *strategy_named(info.strategy);  // checked when read
+    if (info.strategy) file_config_.strategy = *info.strategy;
     layer_index_.assign(model->layers.size(), -1);
     for (const auto & [il, n_load] : info.n_load) {
         Layer l;

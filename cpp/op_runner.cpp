@@ -257,6 +257,14 @@ std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type
     };
     if (n_tokens == 1) {  // the engine's decode graph: static block by mul_mat, dynamic rows by the sparse ops
         steps.push_back({"selected FFN", {build_sparse_ffn(c, si, x, ids, (int) (n_select - n_static))}});
+        // the same graph op by op: the gathered gate+up and down of the chosen dynamic rows
+        const int64_t n_chosen = n_select - n_static;
+        if (n_chosen > 0) {
+            ggml_tensor * chosen = ggml_view_1d(c, ids, n_chosen, n_static * sizeof(int32_t));
+            steps.push_back({"selected gate+up", {act_of(ggml_si_mul_rows(c, si.gathered_gate(), x, chosen, n_static),
+                                                         ggml_si_mul_rows(c, si.gathered_up(), x, chosen, n_static))}});
+            steps.push_back({"selected down", {ggml_si_mul_rows_t(c, si.down_t, leaf(n_chosen), chosen, n_static)}});
+        }
     } else {  // a prompt computes the loaded layer and selects
         SelectionConfig frequency;  // the method's, alpha 0.2
         frequency.token_ratio = 0.2f;

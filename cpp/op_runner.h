@@ -28,7 +28,8 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
 // n_reps times (interleaved); milliseconds per run of each step, in order:
 //   "dense gate+up", "dense down"    upstream mul_mat over all n_ff neurons (the original model),
 //   "loaded gate+up", "loaded down"  the SI layer computing every loaded neuron,
-//   one token: "selected FFN"        the engine's decode graph over n_select rows (build_sparse_ffn);
+//   one token: "selected FFN"        the engine's decode graph over n_select rows (build_sparse_ffn),
+//              "selected gate+up", "selected down"  its gathered dynamic rows alone (when any);
 //   more:      "selection"           the prompt's neuron selection (the prompt computes "loaded").
 std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type, int64_t n_embd, int64_t n_ff,
                                                                         int64_t n_load, int64_t n_static,

@@ -4,7 +4,6 @@
 #include "gguf.h"
 #include "llama-model-loader.h"
 #include "llama-model.h"
-#include "neuron_selection.h"
 
 #include <algorithm>
 #include <cmath>
@@ -246,11 +245,14 @@ std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model,
     info->token_ratio  = m.ratio(kTokenRatio, 0.0f, 1.0f, /*optional=*/true);
     if (info->load_ratio <= 0.0f) refuse(std::string(kLoadRatio) + " must be > 0");
     if (info->token_ratio == 0.0f) refuse(std::string(kTokenRatio) + " must be > 0");
-    info->strategy = m.text(kStrategy, /*optional=*/true);
-    if (!info->strategy.empty() && !strategy_named(info->strategy)) {
-        std::string shown;  // the file's bytes, printable ASCII only
-        for (char c : info->strategy.substr(0, 40)) shown += (c >= 32 && c < 127) ? c : '?';
-        refuse(std::string(kStrategy) + " = '" + shown + "' is not a strategy (" + kStrategyNames + ")");
+    const std::string strategy = m.text(kStrategy, /*optional=*/true);
+    if (!strategy.empty()) {
+        info->strategy = strategy_named(strategy);
+        if (!info->strategy) {
+            std::string shown;  // the file's bytes, printable ASCII only
+            for (char c : strategy.substr(0, 40)) shown += (c >= 32 && c < 127) ? c : '?';
+            refuse(std::string(kStrategy) + " = '" + shown + "' is not a strategy (" + kStrategyNames + ")");
+        }
     }
 
     const std::vector<int64_t> layers = m.integers(kLayers);

@@ -7,9 +7,12 @@
 // and what to do, which llama.cpp's loader reports as a failed load.
 #pragma once
 
+#include "selection_strategy.h"
+
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,7 +37,7 @@ struct SiModelInfo {
     float    static_ratio   = 0;   // delta
     float    compute_ratio  = -1;  // phi the file suggests; < 0: none (the engine's default)
     float    token_ratio    = -1;  // alpha the file suggests; < 0: none
-    std::string strategy;          // the selection strategy the file suggests (a strategy_named name); empty: none
+    std::optional<Strategy> strategy;  // the selection strategy the file suggests; none: the engine's default
     std::map<int, int32_t> n_static;  // SelectInfer layer -> static neurons (rows 0..n_static-1)
     std::map<int, int32_t> n_load;    // SelectInfer layer -> loaded neurons (rows of its FFN tensors)
 };

@@ -97,6 +97,11 @@ inline void prefetch_row_start(const char * row, size_t row_size) {
     for (size_t off = 0; off < std::min<size_t>(row_size, 1024); off += 64) __builtin_prefetch(row + off);
 }
 
+// A whole row into L2 (not L1: it is read after the rows before it).
+inline void prefetch_row_to_l2(const char * row, size_t row_size) {
+    for (size_t off = 0; off < row_size; off += 64) __builtin_prefetch(row + off, 0, 2);
+}
+
 // Weight rows r[0..n) of w, columns [c0, c0 + width) (whole blocks), as F32 rows of `stride` floats.
 void rows_to_float(const ggml_tensor * w, const RowIds & row_of, int64_t j0, int64_t n, int64_t c0, int64_t width,
                    float * out, int64_t stride) {
@@ -348,12 +353,18 @@ void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params,
     // rows in chunks dealt out to threads in turn: the static rows come first and are contiguous,
     // the dynamic ones scattered (slower to read), so contiguous halves would leave a thread waiting
     const int64_t chunk = 16;
+    // one vec_dot call reads a row in a burst: a scattered row must already be on its way, a row
+    // only one ahead is not (measured on Zen 4: 1.7x the dense layer's time per row, 1.2-1.3x
+    // when the row about 5 KiB ahead is read whole into L2)
+    const int64_t ahead = std::clamp<int64_t>((5120 + (int64_t) w->nb[1] - 1) / (int64_t) w->nb[1], 2, chunk - 1);
     for (int64_t c0 = ith * chunk; c0 < n; c0 += nth * chunk) {
         const int64_t c1 = std::min(n, c0 + chunk);
         for (int64_t j = c0; j < c1; ++j) {
             const char * row = (const char *) w->data + row_of(j) * w->nb[1];
-            const int64_t next = j + 1 < c1 ? j + 1 : c0 + nth * chunk;
-            if (next < n) prefetch_row_start((const char *) w->data + row_of(next) * w->nb[1], w->nb[1]);
+            // this thread's row `ahead` places on (past the other threads' chunks), read whole
+            int64_t later = j + ahead;
+            if (later >= c0 + chunk) later += (nth - 1) * chunk;
+            if (later < n) prefetch_row_to_l2((const char *) w->data + row_of(later) * w->nb[1], w->nb[1]);
             for (int64_t t = 0; t < T; ++t) {
                 float * out = (float *) ((char *) dst->data + t * dst->nb[1]) + j;
                 traits->vec_dot((int) K, out, 0, row, 0, xq + t * x_row, 0, 1);

@@ -63,6 +63,12 @@ def main(argv: list[str] | None = None) -> None:
             # the target set for selective computation: SI FFN time at phi at most 1.15 x phi/gamma of dense-over-loaded
             print(f"  phi {phi:<4}         {'':22} | {si:6.3f} | {si / loaded:9.3f} "
                   f"{1.15 * phi / args.load_ratio:7.3f} {dense / si:8.3f}")
+            if "selected gate+up" in m:  # the gathered rows alone, per row against the dense layer's
+                n_chosen = n_select - n_static
+                per_row = {k: m[f"selected {k}"] / n_chosen / (m[f"dense {k}"] / n_ff) for k in ("gate+up", "down")}
+                print(f"    gathered {n_chosen} rows: gate+up {m['selected gate+up']:6.3f} ms "
+                      f"({per_row['gate+up']:.2f}x dense per row), down {m['selected down']:6.3f} ms "
+                      f"({per_row['down']:.2f}x dense per row)")
     for n_tokens in [t for t in args.tokens if t > 1]:
         n_select = max(n_static, computed_neurons(args.compute_ratios[0], n_ff, n_load))
         m = medians(TYPES[args.type], n_embd, n_ff, n_load, n_static, n_select, n_tokens, args.threads, args.reps)
