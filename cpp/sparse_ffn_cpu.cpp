@@ -82,7 +82,7 @@ template <template <ggml_type> class K, typename... A> void with_block_type(ggml
     }
 }
 
-// y[0..E) += sum_k v[k] * rows[k][0..E) for nr <= GROUP rows; false when this type (or this E,
+// y[0..E) += sum_k v[k] * rows[k][0..E) for nr <= ADD_GROUP rows; false when this type (or this E,
 // or this CPU) has no fused loop and the caller converts row by row instead.
 bool add_rows_fused(ggml_type type, const char * const * rows, const float * v, int nr, int64_t E, float * y,
                     const char * const * next, int n_next) {
@@ -145,7 +145,7 @@ void mul_rows_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
     }
 }
 
-// One token (decode): threads split the neurons; each adds its rows, GROUP at a time, into a
+// One token (decode): threads split the neurons; each adds its rows, ADD_GROUP at a time, into a
 // private output row, and the private rows are summed at the end.
 void mul_rows_t_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
     const ggml_tensor * w = dst->src[0];
@@ -160,12 +160,12 @@ void mul_rows_t_one_token(const ggml_compute_params * params, ggml_tensor * dst)
     const size_t row_size = ggml_row_size(w->type, E);
     // groups dealt out in turn: the static rows come first and are contiguous, the dynamic ones
     // scattered (slower to read), so contiguous halves would leave one thread waiting
-    for (int64_t j = ith * GROUP; j < n; j += nth * GROUP) {
-        const int nr = (int) std::min<int64_t>(GROUP, n - j);
-        const char * rows[GROUP], * next[GROUP];
+    for (int64_t j = ith * ADD_GROUP; j < n; j += nth * ADD_GROUP) {
+        const int nr = (int) std::min<int64_t>(ADD_GROUP, n - j);
+        const char * rows[ADD_GROUP], * next[ADD_GROUP];
         for (int k = 0; k < nr; ++k) rows[k] = (const char *) w->data + row_of(j + k) * w->nb[1];
         int n_next = 0;  // this thread's next group, read ahead while this one is added
-        for (int64_t k = j + nth * GROUP; k < std::min(n, j + (nth + 1) * GROUP); ++k) {
+        for (int64_t k = j + nth * ADD_GROUP; k < std::min(n, j + (nth + 1) * ADD_GROUP); ++k) {
             next[n_next++] = (const char *) w->data + row_of(k) * w->nb[1];
         }
         if (add_rows_fused(w->type, rows, h + j, nr, E, y, next, n_next)) continue;

@@ -80,7 +80,7 @@ INT_LEVELS = {"avx2", "avx512"}
 def test_block_loops_at_every_level(builds, type_name):
     rng = np.random.default_rng(7)
     block = GGML_QUANT_SIZES[T[type_name]][0]
-    n_rows, n_cols = 11, 2 * max(block, 32) + (0 if block > 32 else 64)  # a partial group of rows
+    n_rows, n_cols = 21, 2 * max(block, 32) + (0 if block > 32 else 64)  # whole groups of rows and partial ones
     raw, stored = stored_rows(type_name, rng.standard_normal((n_rows, n_cols)).astype(np.float32))
     raw = raw.tobytes()
     v, x = rng.standard_normal(n_rows), rng.standard_normal(n_cols)

@@ -21,10 +21,12 @@ template <ggml_type T> struct Check {
             fwrite(values.data(), sizeof(float), n_cols, stdout);
         }
         std::vector<float> y(x, x + n_cols), dots(n_rows);
-        for (int k0 = 0; k0 < n_rows; k0 += GROUP) {  // GROUP rows at a time, as the kernels call them
-            const int nr = std::min(GROUP, n_rows - k0);
-            AddRows<T>::run(rows.data() + k0, v + k0, nr, n_cols, y.data());
-            DotRows<T>::run(rows.data() + k0, nr, x, n_cols, dots.data() + k0);
+        // as the kernels call them: ADD_GROUP rows at a time added, GROUP at a time dotted
+        for (int k0 = 0; k0 < n_rows; k0 += ADD_GROUP) {
+            AddRows<T>::run(rows.data() + k0, v + k0, std::min(ADD_GROUP, n_rows - k0), n_cols, y.data());
+        }
+        for (int k0 = 0; k0 < n_rows; k0 += GROUP) {
+            DotRows<T>::run(rows.data() + k0, std::min(GROUP, n_rows - k0), x, n_cols, dots.data() + k0);
         }
         fwrite(y.data(), sizeof(float), n_cols, stdout);
         fwrite(dots.data(), sizeof(float), n_rows, stdout);
