@@ -108,6 +108,23 @@ def test_speed_only(tiny_model, tmp_path):
     assert [r["family"] for r in report["configurations"]] == ["original", "selectinfer", "selectinfer", "coreinfer"]
 
 
+def test_delta_zero_grid_has_no_static_neurons_and_phis_below_the_default_delta(tiny_model, tmp_path):
+    from gguf import GGUFReader
+
+    report, _ = evaluate.run_eval(tiny_model("tiny-qwen2", "F32"), tmp_path, gammas=[0.75], phis=[0.25, 0.5],
+                                  select_by=["gate-guided"], quants=[], si_quants=[], delta=0.0, baselines=False,
+                                  tasks=[], speed_rounds=1, n_prompt=8, n_gen=4, n_threads=1, progress=False)
+    rows = report["configurations"]
+    assert [(r["family"], r["phi"]) for r in rows] == [("original", None), ("selectinfer", None),
+                                                      ("selectinfer", 0.25), ("selectinfer", 0.5)]
+    assert [r["label"] for r in rows if "error" in r] == []
+    path = Path(rows[1]["path"])
+    assert path.stem.endswith("si75d0")  # not the default delta's file name
+    field = GGUFReader(path).fields["selectinfer.static_ratio"]
+    assert float(field.parts[field.data[0]][0]) == 0.0
+    assert rows[2]["read_bytes_per_token"] < rows[3]["read_bytes_per_token"] < rows[1]["read_bytes_per_token"]
+
+
 def test_unknown_task_and_too_few_examples(tiny_model, tmp_path):
     with pytest.raises(ValueError, match="unknown task"):
         evaluate.run_eval(tiny_model("tiny-qwen2", "F32"), tmp_path, tasks=["poetry"])

@@ -10,6 +10,7 @@ import os
 import sys
 
 from . import _native, registry
+from .convert import DEFAULT_STATIC_RATIO
 from .paths import atomic_path
 
 
@@ -139,7 +140,8 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         profile = cached_profile(source, max_prompts=args.profile_prompts, n_threads=args.threads)
     report, written = run_eval(
         source, Path(args.output), profile=profile, task=args.profile_task, gammas=args.gammas, phis=args.phis,
-        select_by=args.select_by, quants=args.quants, si_quants=args.si_quants, baselines=not args.no_baselines,
+        select_by=args.select_by, quants=args.quants, si_quants=args.si_quants, delta=args.static_ratio,
+        baselines=not args.no_baselines,
         tasks=tasks, n=args.n, n_threads=args.threads, speed_rounds=args.speed_rounds, n_prompt=args.n_prompt,
         n_gen=args.n_gen, memory_limit_bytes=parse_size(args.memory_limit) if args.memory_limit else None,
         repack=not args.no_repack, prepare_budget=args.prepare_budget, n_ctx=args.ctx_size,
@@ -266,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="profile of this model (selectinfer profile)")
     p.add_argument("--task", help="task whose base ranking gives the static neurons")
     p.add_argument("--load-ratio", type=float, default=0.7, help="gamma: neurons kept per layer, of the original N")
-    p.add_argument("--static-ratio", type=float, default=0.3, help="delta: static neurons per layer, of N")
+    p.add_argument("--static-ratio", type=float, default=DEFAULT_STATIC_RATIO, help="delta: static neurons per layer, of N")
     p.add_argument("--layers", help="sparsified layers START:END (END exclusive); default: all but the first "
                                     "n_layer//7 and the last n_layer//9")
     p.add_argument("--ranking", choices=["profile", "random"], default="profile",
@@ -300,7 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--memory-budget", metavar="SIZE",
                      help="peak memory of the whole process (weights, KV cache at --ctx-size, buffers), e.g. 3G")
     fit.add_argument("--load-ratio", type=float, help="gamma: neurons kept per layer, of the original N")
-    p.add_argument("--static-ratio", type=float, default=0.3, help="delta (default 0.3)")
+    p.add_argument("--static-ratio", type=float, default=DEFAULT_STATIC_RATIO,
+                   help=f"delta (default {DEFAULT_STATIC_RATIO})")
     p.add_argument("--layers", help="sparsified layers START:END (default: as convert)")
     p.add_argument("--data", action="append", metavar="NAME|PATH:TASK", help="profiling data sets (default: built-in)")
     p.add_argument("--max-prompts", type=int, default=40, help="profiling prompts per dataset (default 40)")
@@ -323,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-task", default="qa", help="task whose ranking gives the static neurons (default qa)")
     p.add_argument("--profile-prompts", type=int, help="prompts per dataset when profiling (default 40; --quick 10)")
     p.add_argument("--gammas", type=float, nargs="+", help="load ratios (default 0.5 0.7 0.9; --quick 0.7)")
+    p.add_argument("--static-ratio", type=float, default=DEFAULT_STATIC_RATIO,
+                   help=f"delta of the SelectInfer files (default {DEFAULT_STATIC_RATIO}; 0: no static neurons)")
     p.add_argument("--phis", type=float, nargs="+",
                    help="compute ratios within [delta, gamma] (default 0.3 0.4 0.5; --quick 0.4)")
     p.add_argument("--select-by", nargs="+", choices=list(SELECTION_RULES),

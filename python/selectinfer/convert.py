@@ -364,8 +364,11 @@ class _Sha256InBackground(threading.Thread):
 _DIGEST_PLACEHOLDER = "pending-sha256-".ljust(64, "x")  # same length as a hex sha256
 
 
+DEFAULT_STATIC_RATIO = 0.3  # delta: static neurons per layer, of N
+
+
 def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile: str | os.PathLike | None = None,
-            task: str | None = None, load_ratio: float | None = 0.7, static_ratio: float = 0.3,
+            task: str | None = None, load_ratio: float | None = 0.7, static_ratio: float = DEFAULT_STATIC_RATIO,
             layers: str | None = None, ranking: str = "profile", seed: int = 0, memory_budget: str | None = None,
             strategy: str = "frequency", progress: bool = True, check_profile_source: bool = True) -> ConvertResult:
     """Writes the SelectInfer GGUF `output` from the dense GGUF `model_path` (see module docs).

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _native, metrics
+from .convert import DEFAULT_STATIC_RATIO as DEFAULT_DELTA
 from .model import SELECTION_RULES
 from .tasks import format_prompt, load_dataset, sample_examples
 
@@ -100,8 +101,10 @@ def selectinfer_configs(path: Path, family: str, gamma: float, delta: float, phi
 
 
 def build_configs(source: Path, out_dir: Path, *, profile: Path | None, task: str, gammas, phis, select_by,
-                  quants, si_quants, delta: float = 0.3, baselines: bool = True, progress: bool = True) -> list[Config]:
-    """Every configuration of the grid, its files made (or reused) under out_dir/models."""
+                  quants, si_quants, delta: float = DEFAULT_DELTA, baselines: bool = True,
+                  progress: bool = True) -> list[Config]:
+    """Every configuration of the grid, its files made (or reused) under out_dir/models; delta: the
+    static ratio of the SelectInfer files (their names carry it when it is not the default)."""
     from .convert import convert
     from .registry import quantize
 
@@ -126,22 +129,25 @@ def build_configs(source: Path, out_dir: Path, *, profile: Path | None, task: st
                     check_profile_source=base == source)
         return _made(models / f"{base.stem}.{tag}.gguf", make, [base] + inputs)
 
+    def tag(prefix: str, gamma: float) -> str:
+        return f"{prefix}{round(100 * gamma)}" + ("" if abs(delta - DEFAULT_DELTA) < 1e-9 else f"d{round(100 * delta)}")
+
     ranking = "profile" if profile else "random"
     for gamma in gammas:
-        path = si_file(source, gamma, delta, ranking, f"si{round(100 * gamma)}")
+        path = si_file(source, gamma, delta, ranking, tag("si", gamma))
         configs += selectinfer_configs(path, "selectinfer", gamma, delta, phis, select_by, source_type)
     mid_gamma = sorted(gammas)[len(gammas) // 2]
     for qtype in si_quants:
         if qtype == source_type:
             continue  # the main grid
-        path = si_file(quantized(qtype), mid_gamma, delta, ranking, f"si{round(100 * mid_gamma)}")
+        path = si_file(quantized(qtype), mid_gamma, delta, ranking, tag("si", mid_gamma))
         configs += selectinfer_configs(path, "selectinfer", mid_gamma, delta, phis, select_by[:1], qtype)
     if baselines:
         path = si_file(source, 1.0, 0.0, ranking, "coreinfer")
         configs += selectinfer_configs(path, "coreinfer", 1.0, 0.0, phis, select_by[:1], source_type,
                                        loaded_only=False)
         if ranking == "profile":  # random loading against the profile's choice, at the middle point
-            path = si_file(source, mid_gamma, delta, "random", f"random{round(100 * mid_gamma)}")
+            path = si_file(source, mid_gamma, delta, "random", tag("random", mid_gamma))
             mid_phi = sorted(phis)[len(phis) // 2]
             configs += selectinfer_configs(path, "random", mid_gamma, delta, [mid_phi], select_by[:1], source_type)
     return configs
@@ -352,7 +358,8 @@ def _ram_bytes() -> int:
 
 def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: str = "qa",
              gammas=(0.5, 0.7, 0.9), phis=(0.3, 0.4, 0.5), select_by=("value", "magnitude"), quants=QUANT_TYPES,
-             si_quants=("Q4_0", "Q8_0"), baselines: bool = True, tasks=tuple(TASKS), n: int = 40, n_threads: int = 0,
+             si_quants=("Q4_0", "Q8_0"), delta: float = DEFAULT_DELTA, baselines: bool = True, tasks=tuple(TASKS),
+             n: int = 40, n_threads: int = 0,
              speed_rounds: int = 3, n_prompt: int = 64, n_gen: int = 32, n_bootstrap: int = metrics.N_BOOTSTRAP,
              n_ctx: int = 2048, memory_limit_bytes: int | None = None, repack: bool = True, command: str = "",
              prepare_budget: str | None = None, progress: bool = True) -> tuple[dict, list[Path]]:
@@ -384,7 +391,7 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
     out_dir.mkdir(parents=True, exist_ok=True)
     configs = build_configs(source, out_dir, profile=profile, task=task, gammas=list(gammas), phis=list(phis),
                             select_by=list(select_by), quants=list(quants), si_quants=list(si_quants),
-                            baselines=baselines, progress=progress)
+                            delta=delta, baselines=baselines, progress=progress)
     from .convert import parse_size
     from .prepare import budget_workload
 
