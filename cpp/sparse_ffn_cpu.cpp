@@ -2,7 +2,7 @@
 //   mul_rows    one token, float weights: eight rows at a time with loops converting in
 //               registers; otherwise ggml's own vec_dot for the weight type, row by row (the
 //               activation converted once to the type's vec_dot_type), like upstream's mul_mat.
-//   mul_rows_t  one token: adds rows eight at a time with per-type loops that convert in
+//   mul_rows_t  one token: adds rows sixteen at a time with per-type loops that convert in
 //               registers (block_loops.h), other types row by row;
 //               several tokens: a blocked GEMM over F32 panels of the weight.
 //   count       a prompt batch's votes: threads rank tokens in turn (a radix select per token,
