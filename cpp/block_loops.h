@@ -152,6 +152,22 @@ inline void k_block_q(const uint8_t * sb, int j, f32v * q) {
     }
 }
 
+// Q4_K, Q5_K: the eight blocks' 6-bit scales (bytes 0-7) and mins (8-15) of a super-block. 12
+// bytes at 4 hold them: bytes 0-3 scales 0-3 (low 6 bits), 4-7 mins 0-3, 8-11 the low 4 bits of
+// scales 4-7 and (high nibble) mins 4-7, whose top 2 bits are the top bits of bytes 0-3 (scales)
+// and 4-7 (mins); four bytes at a time.
+inline u8x16 k_scales_mins(const uint8_t * sb) {
+    uint32_t w[3];
+    std::memcpy(w, sb + 4, 12);
+    const uint32_t packed[4] = {
+        w[0] & 0x3F3F3F3Fu,                                         // scales 0-3
+        (w[2] & 0x0F0F0F0Fu) | ((w[0] >> 2) & 0x30303030u),         // scales 4-7
+        w[1] & 0x3F3F3F3Fu,                                         // mins 0-3
+        ((w[2] >> 4) & 0x0F0F0F0Fu) | ((w[1] >> 2) & 0x30303030u),  // mins 4-7
+    };
+    return load_as<u8x16>(packed);
+}
+
 // A super-block's 16 scales (one per 16 values) times v, and the offsets times v added to
 // offset[16]: value u of the super-block's 16-value pieces = scale[u] * q + offset[u].
 template <ggml_type T>
@@ -168,19 +184,9 @@ inline void k_super_scales(const uint8_t * sb, float v, float * scale, float * o
             offset[u] -= 32.0f * scale[u];
         }
     } else {
-        // Q4_K, Q5_K: 12 bytes hold the eight blocks' 6-bit scales and mins: bytes 0-3 scales 0-3
-        // (low 6 bits), 4-7 mins 0-3, 8-11 the low 4 bits of scales 4-7 and (high nibble) mins 4-7,
-        // whose top 2 bits are the top bits of bytes 0-3 (scales) and 4-7 (mins); four bytes at a time
-        uint32_t w[3];
-        std::memcpy(w, sb + 4, 12);
-        const uint32_t packed[4] = {
-            w[0] & 0x3F3F3F3Fu,                                         // scales 0-3
-            (w[2] & 0x0F0F0F0Fu) | ((w[0] >> 2) & 0x30303030u),         // scales 4-7
-            w[1] & 0x3F3F3F3Fu,                                         // mins 0-3
-            ((w[2] >> 4) & 0x0F0F0F0Fu) | ((w[1] >> 2) & 0x30303030u),  // mins 4-7
-        };
+        // Q4_K, Q5_K: the eight blocks' 6-bit scales and mins
         f32v parts[HALF];
-        bytes_to_f32(load_as<u8x16>(packed), parts);
+        bytes_to_f32(k_scales_mins(sb), parts);
         std::memcpy(f, parts, sizeof f);
         const float vd = v * fp16(sb), vmin = v * fp16(sb + 2);
         for (int j = 0; j < 8; ++j) {
@@ -313,7 +319,7 @@ inline __m256i int_block_u(const uint8_t * base, int j) {
     }
 }
 
-// The int8 factors of a group of rows, per piece (a K-quant's 16 values, or a Q4_0/Q4_1 block).
+// The int8 factors of a group of rows, per piece (a block; Q6_K's 16 values), at most 16 pieces.
 struct IntFactors {
     int32_t pair[ADD_GROUP / 2][16];  // low 16 bits: the W bytes of rows 2i and 2i + 1, for vpmaddubsw
     float step[16];               // S
@@ -376,13 +382,8 @@ inline void int_super_scales(const uint8_t * sb, float v, float * scale, float *
         const __m256 vd = _mm256_set1_ps(v * fp16(sb + 208));
         _mm256_storeu_ps(scale, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
         _mm256_storeu_ps(scale + 8, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
-    } else {  // the 6-bit scales and mins as k_super_scales unpacks them
-        uint32_t w[3];
-        std::memcpy(w, sb + 4, 12);
-        const __m128i packed = _mm_set_epi32((int) (((w[2] >> 4) & 0x0F0F0F0Fu) | ((w[1] >> 2) & 0x30303030u)),
-                                             (int) (w[1] & 0x3F3F3F3Fu),
-                                             (int) ((w[2] & 0x0F0F0F0Fu) | ((w[0] >> 2) & 0x30303030u)),
-                                             (int) (w[0] & 0x3F3F3F3Fu));
+    } else {
+        const __m128i packed = (__m128i) k_scales_mins(sb);
         const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed));
         const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8)));
         _mm256_storeu_ps(scale, _mm256_mul_ps(_mm256_set1_ps(v * fp16(sb)), sc));
