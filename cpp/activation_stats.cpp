@@ -10,7 +10,22 @@
 
 namespace selectinfer {
 
-ActivationStats::ActivationStats(const llama_model * model) {
+namespace {
+
+std::vector<std::vector<float>> read_layers(const LayerTensors & tensors) {
+    std::vector<std::vector<float>> out;
+    for (size_t il = 0; il < tensors.size(); ++il) {
+        ggml_tensor * t = tensors[il];
+        std::vector<float> v(t->ne[0]);
+        ggml_backend_tensor_get(t, v.data(), 0, ggml_nbytes(t));
+        out.push_back(std::move(v));
+    }
+    return out;
+}
+
+}  // namespace
+
+ActivationStats::ActivationStats(const llama_model * model, bool input_moments) {
     std::vector<int> layers;
     std::vector<int64_t> widths;
     for (int il = 0; il < (int) model->hparams.n_layer(); ++il) {
@@ -18,7 +33,18 @@ ActivationStats::ActivationStats(const llama_model * model) {
         widths.push_back(model->hparams.n_ff(il));
     }
     sums_ = std::make_unique<LayerTensors>(model, layers, GGML_TYPE_F32, widths, "si_abs_act_sum");
+    if (input_moments) {
+        const int64_t n_embd = model->hparams.n_embd;
+        moments_ = std::make_unique<LayerTensors>(model, layers, GGML_TYPE_F32,
+                                                  std::vector<int64_t>(layers.size(), n_embd * n_embd),
+                                                  "si_ffn_input_moment");
+    }
     reset();
+}
+
+void ActivationStats::reset() {
+    sums_->clear();
+    if (moments_) moments_->clear();
 }
 
 void ActivationStats::add_to_graph(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * act, int il) const {
@@ -32,15 +58,24 @@ void ActivationStats::add_to_graph(ggml_context * ctx, ggml_cgraph * gf, ggml_te
     ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_add(ctx, sum, per_neuron), sum));
 }
 
-std::vector<std::vector<float>> ActivationStats::read() const {
-    std::vector<std::vector<float>> out;
-    for (size_t il = 0; il < sums_->size(); ++il) {
-        ggml_tensor * t = (*sums_)[il];
-        std::vector<float> v(t->ne[0]);
-        ggml_backend_tensor_get(t, v.data(), 0, ggml_nbytes(t));
-        out.push_back(std::move(v));
+void ActivationStats::add_input_to_graph(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il) const {
+    if (!moments_) return;
+    ggml_tensor * sum = (*moments_)[il];
+    if (x->ne[0] * x->ne[0] != sum->ne[0] || ggml_n_dims(x) > 2 || x->type != GGML_TYPE_F32) {
+        throw std::runtime_error("FFN input of layer " + std::to_string(il) + " has an unexpected shape or type");
     }
-    return out;
+    // tokens along ne0, so that the matmul sums x_i x_j over them (upstream's op: any backend)
+    ggml_tensor * by_channel = ggml_cont(ctx, ggml_transpose(ctx, x));  // [n_tokens, n_embd]
+    ggml_tensor * outer = ggml_reshape_1d(ctx, ggml_mul_mat(ctx, by_channel, by_channel), sum->ne[0]);
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_add(ctx, sum, outer), sum));
+}
+
+std::vector<std::vector<float>> ActivationStats::read() const {
+    return read_layers(*sums_);
+}
+
+std::vector<std::vector<float>> ActivationStats::read_input_moments() const {
+    return moments_ ? read_layers(*moments_) : std::vector<std::vector<float>>{};
 }
 
 }  // namespace selectinfer

@@ -11,6 +11,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace py = pybind11;
@@ -158,6 +159,7 @@ PYBIND11_MODULE(_native, m) {
         .def_readwrite("n_gpu_layers", &ModelParams::n_gpu_layers)
         .def_readwrite("flash_attn", &ModelParams::flash_attn)
         .def_readwrite("profile", &ModelParams::profile)
+        .def_readwrite("profile_input_moments", &ModelParams::profile_input_moments)
         .def_readwrite("selection", &ModelParams::selection)
         .def_readwrite("verbose", &ModelParams::verbose);
 
@@ -280,6 +282,15 @@ PYBIND11_MODULE(_native, m) {
                  return py::make_tuple(layers, a.n_tokens);
              },
              py::arg("reset") = true)
+        .def("input_moments",
+             [](Engine & e) {
+                 py::list layers;
+                 for (auto & v : e.input_moments()) {
+                     const auto n = (py::ssize_t) std::lround(std::sqrt((double) v.size()));
+                     layers.append(to_array(std::move(v), {n, n}));
+                 }
+                 return layers;
+             })
         .def("describe", &Engine::describe)
         .def("weight_buffers", &Engine::weight_buffers)
         .def("weight_placement",

@@ -51,6 +51,7 @@ const char * kUsage =
     "        --strategy NAME       SelectInfer: how decode's neurons are chosen: frequency (default) or\n"
     "                              sum-magnitude by the prompt, fixed (the best-ranked loaded ones), or\n"
     "                              gate-guided (each step: gate over the loaded ones, up and down for the best)\n"
+    "                              or predicted (each step: the file's gate predictor picks; convert --predictor-rank)\n"
     "        --select-by value|magnitude  SelectInfer, frequency: rank a token's neurons by a or |a|\n"
     "        --dense-ffn           SelectInfer: compute every loaded neuron (no selection)\n"
     "        --coreinfer           SelectInfer: CoreInfer mode, no static neurons (use a gamma 1, delta 0 file)\n"

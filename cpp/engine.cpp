@@ -359,7 +359,7 @@ void Engine::configure_hooks() {
     ContextHooks & hooks = context_hooks(ctx_);
     if (hooks.selection) all_outputs_ = hooks.selection->sparsifies_last_layer();
     if (params_.profile) {
-        hooks.stats = std::make_unique<ActivationStats>(model_);
+        hooks.stats = std::make_unique<ActivationStats>(model_, params_.profile_input_moments);
         act_stats_ = hooks.stats.get();
     }
 }
@@ -669,6 +669,14 @@ ActivationSums Engine::activation_sums(bool reset) {
         profiled_tokens_ = 0;
     }
     return out;
+}
+
+std::vector<std::vector<float>> Engine::input_moments() {
+    if (!act_stats_ || !params_.profile_input_moments) {
+        throw std::logic_error("FFN input moments need a model opened with profile=True, profile_input_moments=True");
+    }
+    llama_synchronize(ctx_);
+    return act_stats_->read_input_moments();
 }
 
 std::map<std::string, uint64_t> Engine::weight_buffers() const {

@@ -47,6 +47,7 @@ struct ModelParams {
     int32_t  flash_attn = -1;   // -1 auto (llama.cpp's default), 0 off, 1 on
     bool     verbose   = false; // pass llama.cpp's log through to stderr
     bool     profile   = false; // accumulate FFN activation statistics (activation_stats.h)
+    bool     profile_input_moments = false; // with profile: also each layer's FFN input sum of h h^T
     // selective computation of SelectInfer models (neuron_selection.h): what is set here
     // overrides the SELECTINFER_* environment, which overrides the file's defaults
     SelectionOverrides selection;
@@ -163,7 +164,10 @@ public:
 
     // --- profiling (ModelParams::profile) ---
     bool profiling() const { return act_stats_ != nullptr; }
-    ActivationSums activation_sums(bool reset);
+    ActivationSums activation_sums(bool reset);  // reset: the input moments too
+    // Per layer, the sum of h h^T over the tokens activation_sums counts (row-major n_embd x n_embd);
+    // needs ModelParams::profile_input_moments.
+    std::vector<std::vector<float>> input_moments();
 
 private:
     void check_selection() const;

@@ -16,6 +16,9 @@ using selectinfer::ContextHooks;
 ggml_tensor * selectinfer_ffn_begin(void * hooks, ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res,
                                     ggml_tensor * x, int il, int64_t n_ubatch) {
     auto * h = static_cast<ContextHooks *>(hooks);
+    if (h->stats && il >= 0 && il < (int) h->model->layers.size()) {
+        h->stats->add_input_to_graph(ctx, gf, x, il);
+    }
     return h->selection ? h->selection->build_ffn(ctx, gf, res, x, il, n_ubatch) : nullptr;
 }
 

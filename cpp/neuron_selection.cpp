@@ -46,7 +46,7 @@ constexpr float kDefaultTokenRatio = 0.2f;
 
 }  // namespace
 
-const char * const kStrategyNames = "frequency, sum-magnitude, fixed or gate-guided";
+const char * const kStrategyNames = "frequency, sum-magnitude, fixed, gate-guided or predicted";
 
 const char * strategy_name(Strategy strategy) {
     switch (strategy) {
@@ -54,6 +54,7 @@ const char * strategy_name(Strategy strategy) {
         case Strategy::sum_magnitude: return "sum-magnitude";
         case Strategy::fixed:         return "fixed";
         case Strategy::gate_guided:   return "gate-guided";
+        case Strategy::predicted:     return "predicted";
     }
     return "?";
 }
@@ -194,6 +195,16 @@ void NeuronSelection::validate(const SelectionConfig & cfg) const {
                                                 "strategy; the ") + strategy_name(cfg.strategy) +
                                     " strategy does not rank tokens: leave select-by at value");
     }
+    if (cfg.strategy == Strategy::predicted) {
+        for (const Layer & l : layers_) {
+            const llama_layer & w = model_->layers[l.il];
+            if (l.n_load > l.n_static && !w.ffn_gate_pred_in) {
+                throw std::invalid_argument("the predicted strategy needs the file's gate predictor, which layer " +
+                                            std::to_string(l.il) + " lacks: convert the model with --predictor-rank "
+                                            "(and a profile made with --input-moments)");
+            }
+        }
+    }
     if (!(cfg.token_ratio > 0 && cfg.token_ratio <= 1)) {
         std::ostringstream msg;
         msg << "token ratio (alpha) must be in (0, 1], got " << cfg.token_ratio;
@@ -273,11 +284,13 @@ ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, l
     const SiFfnWeights weights = SiFfnWeights::of(w, info_.activation);
     const bool all_loaded = config_.dense || l.n_select == l.n_load;
     if (!prompt && !all_loaded) {
-        if (config_.strategy != Strategy::gate_guided) {
+        if (!step_chooses(config_.strategy)) {
             return build_sparse_ffn(ctx, weights, x, ids, l.n_select - l.n_static);
         }
         if (x->ne[1] == 1) {  // (the engine decodes a token at a time; more go dense, below)
-            return build_gate_guided_ffn(ctx, weights, x, l.n_select - l.n_static);
+            return config_.strategy == Strategy::predicted
+                       ? build_predicted_ffn(ctx, weights, x, l.n_select - l.n_static)
+                       : build_gate_guided_ffn(ctx, weights, x, l.n_select - l.n_static);
         }
     }
     // dense over the loaded neurons; a prompt selects its neurons in the same graph
@@ -301,6 +314,8 @@ SiFfnWeights SiFfnWeights::of(const llama_layer & layer, GatedActivation activat
     w.up_dyn = layer.ffn_up_dyn;
     w.down_static = layer.ffn_down_static;
     w.down_t = layer.ffn_down_t;
+    w.gate_pred_in = layer.ffn_gate_pred_in;
+    w.gate_pred_out = layer.ffn_gate_pred_out;
     w.n_static = layer.ffn_down_static ? (int) layer.ffn_down_static->ne[0] : 0;
     return w;
 }
@@ -369,6 +384,21 @@ ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, 
     return out;
 }
 
+ggml_tensor * build_predicted_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic) {
+    ggml_tensor * out = static_block(ctx, w, x);
+    if (n_dynamic > 0) {
+        // the predicted gate of every gathered neuron (two small upstream matmuls), the score
+        // |act(predicted)|, and gate, up and down of the n_dynamic best (ids from 0)
+        ggml_tensor * predicted = ggml_mul_mat(ctx, w.gate_pred_out, ggml_mul_mat(ctx, w.gate_pred_in, x));
+        ggml_tensor * chosen = ggml_si_select(ctx, ggml_abs(ctx, w.act(ctx, predicted)), 0, n_dynamic);
+        ggml_tensor * act = w.gated(ctx, ggml_si_mul_rows(ctx, w.gathered_gate(), x, chosen, 0),
+                                    ggml_si_mul_rows(ctx, w.gathered_up(), x, chosen, 0));
+        ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, chosen, 0);
+        out = out ? ggml_add(ctx, out, part) : part;
+    }
+    return out;
+}
+
 SelectionNodes build_selection(ggml_context * ctx, ggml_tensor * act, ggml_tensor * counts, int n_static,
                                int n_dynamic, const SelectionConfig & config) {
     ggml_tensor * scores = nullptr;
@@ -389,7 +419,7 @@ bool NeuronSelection::graph_reusable() const {
 
 std::vector<std::vector<int32_t>> NeuronSelection::selected() const {
     std::vector<std::vector<int32_t>> out;
-    if (config_.strategy == Strategy::gate_guided) {  // each decode step chooses its own
+    if (step_chooses(config_.strategy)) {  // each decode step chooses its own
         return std::vector<std::vector<int32_t>>(layers_.size());
     }
     for (size_t i = 0; i < layers_.size(); ++i) {

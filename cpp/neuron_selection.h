@@ -89,6 +89,8 @@ struct SiFfnWeights {
     ggml_tensor * up_dyn = nullptr;
     ggml_tensor * down_static = nullptr;
     ggml_tensor * down_t = nullptr;
+    ggml_tensor * gate_pred_in = nullptr;   // the low-rank gate predictor, or null
+    ggml_tensor * gate_pred_out = nullptr;
     int n_static = 0;
 
     static SiFfnWeights of(const llama_layer & layer, GatedActivation activation);
@@ -116,6 +118,11 @@ ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_
 // A gate-guided decode step (one token): the static block as build_sparse_ffn, then gate over every
 // gathered neuron, and up and down for the n_dynamic of them with the largest |act(gate)|.
 ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic);
+
+// A predicted decode step (one token): the static block as build_sparse_ffn, then the low-rank
+// predictor's gate over every gathered neuron, and gate, up and down for the n_dynamic of them with
+// the largest |act(predicted gate)|.
+ggml_tensor * build_predicted_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic);
 
 // A prompt batch's selection from its activations act [n_load, T] by a choosing strategy
 // (frequency or sum_magnitude): the running scores (this batch's added to `counts`, the previous
@@ -162,7 +169,7 @@ public:
     bool graph_reusable() const;
 
     // The neurons (rows of the layer's FFN matrices) each SelectInfer layer computes at decode
-    // (none for gate_guided, whose decode steps choose their own).
+    // (none for gate_guided and predicted, whose decode steps choose their own).
     std::vector<std::vector<int32_t>> selected() const;
     std::vector<int> layers() const;
     // The last layer sees only the output tokens of a prompt: a caller that wants its selection

@@ -360,6 +360,27 @@ void split_static_rows(llama_model_loader & loader) {
     }
 }
 
+namespace {
+
+// The optional low-rank predictor of the gathered gate rows (the predicted strategy): both tensors
+// or neither, the rank taken from the file.
+void create_gate_predictor(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_gathered) {
+    const llama_model_loader & loader = *model.ml;
+    const std::string blk = "blk." + std::to_string(il) + ".";
+    const ggml_tensor * pred_in = loader.get_tensor_meta((blk + "ffn_gate_pred_in.weight").c_str());
+    const ggml_tensor * pred_out = loader.get_tensor_meta((blk + "ffn_gate_pred_out.weight").c_str());
+    if (!pred_in && !pred_out) return;
+    if (!pred_in || !pred_out || ggml_n_dims(pred_in) != 2 || n_gathered == 0) {
+        refuse(blk + "ffn_gate_pred_in and ffn_gate_pred_out: a gate predictor needs both, 2-D, over gathered rows");
+    }
+    const int64_t rank = pred_in->ne[1];
+    const auto & tn = model.tn;
+    layer.ffn_gate_pred_in = model.create_tensor(tn(LLM_TENSOR_FFN_GATE_PRED_IN, "weight", il), {n_embd, rank}, 0);
+    layer.ffn_gate_pred_out = model.create_tensor(tn(LLM_TENSOR_FFN_GATE_PRED_OUT, "weight", il), {rank, n_gathered}, 0);
+}
+
+}  // namespace
+
 bool create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff) {
     const llama_model_loader & loader = *model.ml;
     const std::string blk = "blk." + std::to_string(il) + ".";
@@ -389,6 +410,7 @@ bool create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, i
         }
     }
     if (down_t) layer.ffn_down_t = model.create_tensor(tn(LLM_TENSOR_FFN_DOWN_T, "weight", il), {n_embd, n_dynamic}, 0);
+    create_gate_predictor(model, layer, il, n_embd, n_dynamic);
     // present only in a broken file: refused after the load
     layer.ffn_down = model.create_tensor(tn(LLM_TENSOR_FFN_DOWN, "weight", il), {n_ff, n_embd}, optional);
     return true;

@@ -26,6 +26,22 @@ def make_si_model(root: Path, *, seed: int, layers: str, n_ff: int = 256, shape:
     return src, out
 
 
+def make_predicted_si_model(root: Path, *, seed: int, layers: str, rank: int = 32, shape: str = "tiny-llama") -> Path:
+    """make_si_model's tiny model (N = 256) profiled with FFN input moments (2 prompts of botchan, 4
+    tokens each), converted by that profile's ranking (gamma 0.75, delta 0.25) with a gate
+    predictor of the given rank: the SelectInfer path."""
+    from selectinfer.convert import convert
+    from selectinfer.profiler import profile_model
+
+    src, profile, out = root / "dense.gguf", root / "p.safetensors", root / "si-predicted.gguf"
+    make_model(src, shape, weight_type="F32", seed=seed, n_ff=256, n_layer=3)
+    profile_model(src, ["botchan"], profile, max_prompts=2, max_new_tokens=4, n_ctx=256, progress=False,
+                  input_moments=True)
+    convert(src, out, profile=profile, task="text", load_ratio=0.75, static_ratio=0.25, layers=layers,
+            predictor_rank=rank, progress=False)
+    return out
+
+
 def profiled_si_model(model: Path, root: Path, load_ratio: float = 0.7) -> Path:
     """A real model's SelectInfer GGUF from a short profile (4 prompts of the QA and text data
     sets, 16 tokens each), the QA ranking, delta 0.3, the default layers."""

@@ -3,14 +3,15 @@ import os
 
 import numpy as np
 import pytest
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 from helpers import gguf_fields
 from reference import ReferenceModel
 
 from selectinfer import Model, ModelLoadError, _native
 from selectinfer.convert import (SI_FORMAT_VERSION, ConvertError, SourceGGUF, convert, default_layers,
-                                 estimate_output_bytes, inspect, layer_counts, neuron_count, plan_layers)
+                                 estimate_output_bytes, inspect, layer_counts, neuron_count, plan_layers,
+                                 predictor_type)
 from selectinfer.profiles import DatasetStats, ModelInfo, Profile, ProfileError, ranking
 from selectinfer.paths import sha256_file
 from selectinfer.synthetic import make_model
@@ -124,12 +125,12 @@ def test_loads_with_and_without_mmap(models, tmp_path):
         assert m.metadata("selectinfer.format_version") == str(SI_FORMAT_VERSION)
 
 
-def profile_for(src, n_layer=3, n_ff=768):
+def profile_for(src, n_layer=3, n_ff=768, input_moments=None):
     rng = np.random.default_rng(0)
     info = ModelInfo(sha256_file(src), src.name, "llama", n_layer, n_ff)
     stats = [DatasetStats(n, t, "test", 1, rng.random((n_layer, n_ff)).astype(np.float32), np.full(n_layer, 10))
              for n, t in [("a", "qa"), ("b", "text")]]
-    return Profile(info, stats)
+    return Profile(info, stats, input_moments=input_moments)
 
 
 def test_profile_ranking_layout(models, tmp_path):
@@ -267,7 +268,7 @@ def test_unpatched_upstream_refuses_cleanly(models, tmp_path):
     ({"layers": "2:9"}, "outside the model's layers 0:3"),
     ({"layers": "x"}, "is not START:END"),
     ({"ranking": "magic"}, "ranking must be"),
-    ({"strategy": "best"}, "strategy must be one of frequency, sum-magnitude, fixed, gate-guided, got 'best'"),
+    ({"strategy": "best"}, "strategy must be one of frequency, sum-magnitude, fixed, gate-guided, predicted, got 'best'"),
 ])
 def test_bad_arguments(models, tmp_path, kwargs, match):
     out = tmp_path / "out.gguf"
@@ -360,3 +361,247 @@ def test_down_t_type_fits_the_row_length():
     assert down_t_type(T.Q4_K, 640) == T.Q8_0 and down_t_type(T.Q6_K, 640) == T.Q8_0
     assert down_t_type(T.Q4_0, 640) == T.Q4_0 and down_t_type(T.F32, 100) == T.F32
     assert down_t_type(T.BF16, 640) == T.F16 and down_t_type(T.Q4_K, 100) == T.F16
+
+
+# --- the gate predictor -----------------------------------------------------------------------
+
+def synthetic_moments(n_layer=3, n_embd=256, n_tokens=2000, seed=1):
+    """E[h h^T] of random FFN inputs that are correlated and of unequal spread (not white)."""
+    rng = np.random.default_rng(seed)
+    mix = np.eye(n_embd) + rng.standard_normal((n_layer, n_embd, n_embd)) / np.sqrt(n_embd)
+    spread = np.exp(rng.uniform(-1.5, 1.5, n_embd))
+    h = (rng.standard_normal((n_layer, n_tokens, n_embd)) * spread) @ mix
+    return (np.einsum("lti,ltj->lij", h, h) / n_tokens).astype(np.float32)
+
+
+def moments_profile(src, path, input_moments="synthetic"):
+    """A profile of src with synthetic FFN input moments (None: a profile without them), saved at path."""
+    profile_for(src, input_moments=synthetic_moments() if isinstance(input_moments, str) else input_moments).save(path)
+    return path
+
+
+def stored_predictors(path):
+    """{layer: (pred_in [R, n_embd], pred_out [n_gathered, R])} as stored, dequantized to float64."""
+    tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+
+    def values(name):
+        t = tensors[name]
+        return np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(
+            [int(d) for d in reversed(t.shape)])
+    return {int(name.split(".")[1]): (values(name), values(name.replace("_pred_in", "_pred_out")))
+            for name in tensors if name.endswith("ffn_gate_pred_in.weight")}
+
+
+def gathered_gate(src, ids, n_static):
+    """The source's gate rows of the gathered (dynamic) neurons, float64 [n_gathered, n_embd]."""
+    return {il: np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(
+        [int(d) for d in reversed(t.shape)])[ids[il][n_static:]]
+        for t in GGUFReader(str(src)).tensors for il in ids if t.name == f"blk.{il}.ffn_gate.weight"}
+
+
+def storage_error(stored, qtype):
+    """Per value, how far its storage may have moved it. Q8_0: half a step d = amax/127 of its
+    block, plus the F16 rounding of d (127 * 2^-11 d), taken a little wide (0.6 d) and from the
+    stored amax. F16: half an ulp, 2^-11 relative."""
+    if qtype == "F16":
+        return np.abs(stored) * 2.0**-11
+    amax = np.abs(stored).reshape(stored.shape[0], -1, 32).max(axis=2)
+    return np.repeat(0.6 * amax / 127, 32, axis=1)
+
+
+def product_error_bound(pred_in, pred_out, qtype):
+    """|pred_out' pred_in' - pred_out pred_in| elementwise, the primes the stored factors (of qtype,
+    F16 for rows that are not whole blocks of 32): |O'| e_I + e_O |I'| + e_O e_I (O = O' + dO,
+    I = I' + dI, |dO| <= e_O, |dI| <= e_I)."""
+    def error(stored):
+        return storage_error(stored, "F16" if stored.shape[1] % 32 else qtype)
+    e_in, e_out = error(pred_in), error(pred_out)
+    return np.abs(pred_out) @ e_in + e_out @ np.abs(pred_in) + e_out @ e_in
+
+
+def whitened_low_rank(w, moments, rank):
+    """The best rank-`rank` M for E|(W - M) h|^2 = |(W - M) L|_F^2 with C = L L^T (Cholesky, not
+    the converter's symmetric root): M = trunc(W L) L^-1."""
+    c = moments.astype(np.float64)
+    c += 1e-6 * np.trace(c) / len(c) * np.eye(len(c))
+    lower = np.linalg.cholesky(c)
+    u, s, vt = np.linalg.svd(w @ lower)
+    truncated = (u[:, :rank] * s[:rank]) @ vt[:rank]
+    return np.linalg.solve(lower.T, truncated.T).T  # truncated @ inv(L)
+
+
+def test_predictor_tensors_names_shapes_and_types(models, tmp_path):
+    src = models("tiny-llama", "F32")
+    prof = moments_profile(src, tmp_path / "p.safetensors")
+    out, dense_out = tmp_path / "si.gguf", tmp_path / "plain.gguf"
+    convert(src, out, profile=prof, task="qa", load_ratio=0.75, static_ratio=0.25, layers="1:3", predictor_rank=64,
+            progress=False)
+    n_load, n_static = 576, 192
+    names = [t.name for t in GGUFReader(str(out)).tensors]
+    tensors = {t.name: t for t in GGUFReader(str(out)).tensors}
+    for il in (1, 2):
+        pred_in, pred_out = tensors[f"blk.{il}.ffn_gate_pred_in.weight"], tensors[f"blk.{il}.ffn_gate_pred_out.weight"]
+        assert [int(d) for d in pred_in.shape] == [256, 64]  # ggml ne
+        assert [int(d) for d in pred_out.shape] == [64, n_load - n_static]
+        assert pred_in.tensor_type.name == pred_out.tensor_type.name == "F16"  # beside a float gate
+        at = names.index(f"blk.{il}.ffn_down_t.weight")  # right after the layer's FFN tensors
+        assert names[at + 1: at + 3] == [f"blk.{il}.ffn_gate_pred_in.weight", f"blk.{il}.ffn_gate_pred_out.weight"]
+    assert not any(n.startswith("blk.0.") and "_pred_" in n for n in names), "dense layers have no predictor"
+    fields = gguf_fields(out)
+    assert fields["selectinfer.predictor_rank"][:2] == (GGUFValueType.UINT32, 64)
+    assert "predictor     gate, rank 64 (ffn_gate_pred_in/out, F16)" in inspect(out)
+    assert "FFN weight types F32\n" in inspect(out)
+    tensor_bytes = sum(int(t.n_bytes) for t in tensors.values())
+    assert tensor_bytes == estimate_output_bytes(SourceGGUF(src), range(1, 3), n_load, n_static=n_static,
+                                                 predictor_rank=64)
+
+    convert(src, dense_out, profile=prof, task="qa", load_ratio=0.75, static_ratio=0.25, layers="1:3", progress=False)
+    assert not any("_pred_" in t.name for t in GGUFReader(str(dense_out)).tensors)
+    assert "selectinfer.predictor_rank" not in gguf_fields(dense_out)
+    assert "predictor     none" in inspect(dense_out)
+
+
+@pytest.mark.parametrize("weight_type", ["F32", "Q8_0"])
+def test_full_rank_predictor_reproduces_the_gathered_gate(models, tmp_path, weight_type):
+    """R = n_embd: pred_out @ pred_in is W itself, up to the factors' rounding (F16 beside a float
+    gate, Q8_0 beside a quantized one). With random ranking the profile serves only the predictor;
+    with delta 0 every loaded neuron is gathered."""
+    src = models("tiny-llama", weight_type)
+    prof = moments_profile(src, tmp_path / "p.safetensors")
+    for static_ratio in (0.25, 0.0):
+        out = tmp_path / f"si{static_ratio}.gguf"
+        convert(src, out, profile=prof, ranking="random", load_ratio=0.75, static_ratio=static_ratio, layers="0:3",
+                predictor_rank=256, progress=False)
+        n_static = 192 if static_ratio else 0
+        expected = gathered_gate(src, kept_ids(out), n_static)
+        for il, (pred_in, pred_out) in stored_predictors(out).items():
+            w = expected[il]
+            assert pred_out.shape == (576 - n_static, 256)
+            err = np.abs(pred_out @ pred_in - w)
+            bound = product_error_bound(pred_in, pred_out, "F16" if weight_type == "F32" else "Q8_0")
+            assert np.all(err <= bound + 1e-9 * np.abs(w).max()), (il, err.max())
+            print(f"{weight_type} delta {static_ratio} layer {il}: max |error| {err.max() / np.abs(w).max():.1e} "
+                  "of max |W|")
+            assert err.max() < 0.05 * np.abs(w).max()
+        assert gguf_fields(out)["selectinfer.profile_digest"][1] == sha256_file(prof)
+
+
+def test_low_rank_predictor_is_the_whitened_best_approximation(models, tmp_path):
+    """R < n_embd: the stored product equals an independent whitened truncated SVD (by Cholesky),
+    its mean-square error over the inputs is the tail of the whitened singular values, and it is
+    better there than the plain (unwhitened) truncated SVD."""
+    src = models("tiny-llama", "F32")
+    moments = synthetic_moments()
+    prof = moments_profile(src, tmp_path / "p.safetensors", moments)
+    out = tmp_path / "si.gguf"
+    rank = 64
+    convert(src, out, profile=prof, task="qa", load_ratio=0.75, static_ratio=0.25, layers="0:3", predictor_rank=rank,
+            progress=False)
+    expected_w = gathered_gate(src, kept_ids(out), 192)
+    for il, (pred_in, pred_out) in stored_predictors(out).items():
+        w, c = expected_w[il], moments[il].astype(np.float64)
+        expected = whitened_low_rank(w, moments[il], rank)
+        got = pred_out @ pred_in
+        err = np.abs(got - expected)
+        assert np.all(err <= product_error_bound(pred_in, pred_out, "F16") + 1e-8 * np.abs(expected).max()), \
+            (il, err.max())
+
+        def mean_square_error(m):  # E|(W - M) h|^2 = tr((W - M) C (W - M)^T)
+            d = w - m
+            return np.einsum("ij,jk,ik->", d, c, d)
+        u, s, vt = np.linalg.svd(w)
+        plain = (u[:, :rank] * s[:rank]) @ vt[:rank]
+        optimum = mean_square_error(expected)
+        print(f"layer {il}: E|(W-M)h|^2 stored {mean_square_error(got):.4g}, optimum {optimum:.4g}, "
+              f"plain SVD {mean_square_error(plain):.4g}, E|Wh|^2 {mean_square_error(0 * w):.4g}")
+        assert mean_square_error(got) < 1.01 * optimum < mean_square_error(plain)
+
+
+def test_rows_of_partial_blocks_are_stored_as_f16(tmp_path):
+    """n_embd 80 (not whole blocks of 32): pred_in in F16 whatever the gate's type, as predictor_type
+    says; the product is still the whitened best approximation."""
+    src = tmp_path / "narrow.gguf"
+    make_model(src, "tiny-llama", weight_type="F32", seed=4, n_embd=80, n_ff=256, n_head=2, n_head_kv=1, n_layer=3)
+    moments = synthetic_moments(n_embd=80, n_tokens=800)
+    info = ModelInfo(sha256_file(src), src.name, "llama", 3, 256)
+    Profile(info, [DatasetStats("a", "qa", "test", 1, np.ones((3, 256), np.float32), np.full(3, 10))],
+            input_moments=moments).save(tmp_path / "p.safetensors")
+    out = tmp_path / "si.gguf"
+    convert(src, out, profile=tmp_path / "p.safetensors", task="qa", load_ratio=0.75, static_ratio=0.25, layers="0:3",
+            predictor_rank=32, progress=False)
+    types = {t.name: t.tensor_type.name for t in GGUFReader(str(out)).tensors}
+    assert types["blk.1.ffn_gate_pred_in.weight"] == "F16"
+    assert predictor_type(80, GGMLQuantizationType.Q8_0) == GGMLQuantizationType.F16
+    assert predictor_type(32, GGMLQuantizationType.Q4_K) == GGMLQuantizationType.Q8_0
+    expected_w = gathered_gate(src, kept_ids(out), 64)
+    for il, (pred_in, pred_out) in stored_predictors(out).items():
+        assert pred_in.shape == (32, 80) and pred_out.shape == (128, 32)
+        expected = whitened_low_rank(expected_w[il], moments[il], 32)
+        err = np.abs(pred_out @ pred_in - expected)
+        assert np.all(err <= product_error_bound(pred_in, pred_out, "F16") + 1e-8 * np.abs(expected).max()), \
+            (il, err.max())
+
+
+def test_memory_budget_counts_the_predictor(models, tmp_path):
+    src = models("tiny-llama", "Q8_0")
+    source = SourceGGUF(src)
+    prof = moments_profile(src, tmp_path / "p.safetensors")
+
+    def need(n_load):  # delta 0.1: 64 static neurons (two Q8_0 blocks)
+        return estimate_output_bytes(source, range(0, 3), n_load, n_static=64, predictor_rank=32)
+    assert need(300) > estimate_output_bytes(source, range(0, 3), 300, n_static=64) + 3 * 300 * 34
+    out = tmp_path / "si.gguf"
+    r = convert(src, out, profile=prof, ranking="random", static_ratio=0.1, layers="0:3", predictor_rank=32,
+                memory_budget=str((need(300) + need(301)) // 2), progress=False)
+    assert r.load_ratio == pytest.approx(300 / 768)
+    assert sum(int(t.n_bytes) for t in GGUFReader(str(out)).tensors) == need(300)
+
+
+def test_predictor_rank_from_the_command_line(models, tmp_path, capsys):
+    from selectinfer.cli import main
+
+    src = models("tiny-llama", "F32")
+    prof = moments_profile(src, tmp_path / "p.safetensors")
+    out = tmp_path / "si.gguf"
+    assert main(["convert", str(src), "-o", str(out), "--profile", str(prof), "--task", "qa", "--layers", "1:3",
+                 "--predictor-rank", "32"]) == 0
+    assert sorted(stored_predictors(out)) == [1, 2]
+    assert main(["convert", str(src), "-o", str(tmp_path / "x.gguf"), "--ranking", "random",
+                 "--predictor-rank", "32"]) == 1
+    assert "pass --profile FILE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kwargs,moments,match", [
+    ({"predictor_rank": 48}, "synthetic", "predictor rank must be a positive multiple of 32"),
+    ({"predictor_rank": -32}, "synthetic", "predictor rank must be a positive multiple of 32"),
+    ({"predictor_rank": 288}, "synthetic", r"predictor rank 288 exceeds min\(n_embd 256, gathered neurons 384"),
+    ({"predictor_rank": 64, "load_ratio": 0.3, "static_ratio": 0.25}, "synthetic",
+     r"exceeds min\(n_embd 256, gathered neurons 38 of layer"),
+    ({"predictor_rank": 32, "profile": None, "ranking": "random"}, "synthetic", "pass --profile FILE"),
+    ({"predictor_rank": 32}, None,
+     "profile the model again with this selectinfer: the profile has no FFN input moments"),
+    ({"predictor_rank": 32}, np.ones((3, 128, 128), np.float32), "128 wide, the model's inputs 256; profile this"),
+    ({"predictor_rank": 32}, np.zeros((3, 256, 256), np.float32), "moments of layer 0 are zero"),
+])
+def test_bad_predictor_arguments(models, tmp_path, kwargs, moments, match):
+    src = models("tiny-llama", "F32")
+    prof = moments_profile(src, tmp_path / "p.safetensors", moments)
+    args = {"profile": prof, "task": "qa", "load_ratio": 0.75, "static_ratio": 0.25, "layers": "0:3", **kwargs}
+    with pytest.raises(ConvertError, match=match) as info:
+        convert(src, tmp_path / "out.gguf", progress=False, **args)
+    assert "\n" not in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.safetensors"]
+
+
+def test_profile_input_moments_round_trip_and_checks(models, tmp_path):
+    src = models("tiny-llama", "F32")
+    moments = synthetic_moments(n_embd=32, n_tokens=100)
+    path = moments_profile(src, tmp_path / "m.safetensors", moments)
+    loaded = Profile.load(path).input_moments
+    assert loaded.dtype == np.float32 and np.array_equal(loaded, moments)
+    assert Profile.load(moments_profile(src, tmp_path / "old.safetensors", None)).input_moments is None
+    for name, bad in [("flat", moments[0]), ("layers", moments[:2]), ("square", moments[:, :, :16]),
+                      ("nan", np.where(np.eye(32, dtype=bool), np.nan, moments))]:
+        bad_path = moments_profile(src, tmp_path / f"{name}.safetensors", bad)
+        with pytest.raises(ProfileError, match=rf"{name}.safetensors: input_moments .*profile the model again"):
+            Profile.load(bad_path)

@@ -125,6 +125,28 @@ def test_delta_zero_grid_has_no_static_neurons_and_phis_below_the_default_delta(
     assert rows[2]["read_bytes_per_token"] < rows[3]["read_bytes_per_token"] < rows[1]["read_bytes_per_token"]
 
 
+def test_predictor_grid_runs_the_predicted_strategy(tiny_model, tmp_path):
+    from selectinfer.bench import bytes_read_per_token
+    from selectinfer.profiler import profile_model
+
+    source = tiny_model("tiny-qwen2", "F32")
+    profile = tmp_path / "p.safetensors"
+    profile_model(source, ["botchan"], profile, max_prompts=2, max_new_tokens=4, n_ctx=256, progress=False,
+                  input_moments=True)
+    report, _ = evaluate.run_eval(source, tmp_path / "eval", profile=profile, task="text", gammas=[0.75], phis=[0.5],
+                                  select_by=["predicted", "value"], quants=[], si_quants=[], baselines=False,
+                                  predictor_rank=32, tasks=[], speed_rounds=1, n_prompt=8, n_gen=4, n_threads=1,
+                                  progress=False)
+    rows = report["configurations"]
+    assert [r["label"] for r in rows if "error" in r] == []
+    assert [r.get("select_by") for r in rows] == [None, None, "predicted", "value"]
+    path = Path(rows[1]["path"])
+    assert path.stem.endswith("si75p32")
+    # the predictor is read by the predicted strategy only
+    assert rows[2]["read_bytes_per_token"] == bytes_read_per_token(path, 0.5, "predicted")
+    assert rows[3]["read_bytes_per_token"] < rows[2]["read_bytes_per_token"] < rows[1]["read_bytes_per_token"]
+
+
 def test_unknown_task_and_too_few_examples(tiny_model, tmp_path):
     with pytest.raises(ValueError, match="unknown task"):
         evaluate.run_eval(tiny_model("tiny-qwen2", "F32"), tmp_path, tasks=["poetry"])

@@ -46,6 +46,46 @@ def test_activation_sums_match_numpy(tiny_model, shape, weight_type, bound):
     assert zero == 0 and all(np.all(a == 0) for a in again), "reading with reset must clear the sums"
 
 
+def reference_input_moments(path, tokens):
+    """Per layer sum over tokens of h h^T, h the FFN input, from the numpy forward pass."""
+    ref = ReferenceModel.load(path)
+    x = ref.embed(tokens)
+    positions = np.arange(len(tokens))
+    moments = []
+    for il in range(ref.n_layer):
+        x = ref.attention_block(x, il, positions)
+        h = ref.ffn_input(x, il)
+        moments.append(h.T @ h)
+        x = ref.ffn_block(x, il, ref.ffn_activations(h, il))
+    return np.stack(moments)
+
+
+@pytest.mark.parametrize("shape,weight_type,bound", [
+    ("tiny-llama", "F32", 2e-3), ("tiny-gemma3", "F32", 5e-3), ("tiny-qwen2", "Q8_0", 3e-2),
+])
+def test_input_moments_match_numpy(tiny_model, shape, weight_type, bound):
+    path = tiny_model(shape, weight_type)
+    with Model(path, n_ctx=128, n_batch=8, profile=True, profile_input_moments=True) as m:
+        prompt = m.tokenize("the capital of france is paris, a city on the seine")
+        m.generate(prompt, 6, temperature=0)
+        evaluated = list(m.engine.history)
+        got = np.stack(m.input_moments())
+        _, n_tokens = m.activation_sums()  # resets the moments too
+        zero = np.stack(m.input_moments())
+    expected = reference_input_moments(path, evaluated)
+    assert n_tokens == len(evaluated) and got.shape == expected.shape
+    rel = np.abs(got - expected).max() / np.abs(expected).max()
+    print(f"{shape} {weight_type}: max rel diff {rel:.2e}")
+    assert rel < bound
+    assert np.all(zero == 0), "activation_sums(reset=True) must clear the moments"
+
+
+def test_input_moments_need_their_mode(tiny_model):
+    with Model(tiny_model("tiny-llama", "F32"), n_ctx=64, profile=True) as m:
+        with pytest.raises(RuntimeError, match="profile_input_moments"):
+            m.input_moments()
+
+
 def test_profiling_needs_profile_mode(tiny_model):
     with Model(tiny_model("tiny-llama", "F32"), n_ctx=64) as m:
         with pytest.raises(RuntimeError, match="profile=True"):
@@ -118,7 +158,7 @@ class FlakyCollector:
 
     def __init__(self, inner, fail_after):
         self.inner, self.fail_after, self.calls = inner, fail_after, 0
-        self.info, self.name = inner.info, inner.name
+        self.info, self.name, self.input_moments = inner.info, inner.name, inner.input_moments
 
     def collect(self, example, max_new_tokens):
         if self.calls >= self.fail_after:
@@ -135,22 +175,26 @@ def tiny_datasets():
             ds("notes", "summarization", ["the seine runs through paris", "he is in the city", "of the town"])]
 
 
-def test_profile_reproducible_and_resumable(tiny_model, tmp_path):
+@pytest.mark.parametrize("input_moments", [False, True])
+def test_profile_reproducible_and_resumable(tiny_model, tmp_path, input_moments):
     path = tiny_model("tiny-llama", "F32")
     first, second, resumed = tmp_path / "a.safetensors", tmp_path / "b.safetensors", tmp_path / "c.safetensors"
-    run_profile(EngineCollector(path, n_ctx=128), tiny_datasets(), first, max_new_tokens=5, progress=False)
-    run_profile(EngineCollector(path, n_ctx=128), tiny_datasets(), second, max_new_tokens=5, progress=False)
+
+    def collector():
+        return EngineCollector(path, n_ctx=128, input_moments=input_moments)
+
+    run_profile(collector(), tiny_datasets(), first, max_new_tokens=5, progress=False)
+    run_profile(collector(), tiny_datasets(), second, max_new_tokens=5, progress=False)
     assert first.read_bytes() == second.read_bytes()
 
     import selectinfer.profiler as profiler
     profiler.CHECKPOINT_EVERY, saved = 2, profiler.CHECKPOINT_EVERY
     try:
         with pytest.raises(KeyboardInterrupt):
-            run_profile(FlakyCollector(EngineCollector(path, n_ctx=128), 5), tiny_datasets(), resumed,
-                        max_new_tokens=5, progress=False)
+            run_profile(FlakyCollector(collector(), 5), tiny_datasets(), resumed, max_new_tokens=5, progress=False)
         checkpoint = tmp_path / "c.safetensors.partial.npz"
         assert checkpoint.exists() and not resumed.exists()
-        flaky = FlakyCollector(EngineCollector(path, n_ctx=128), 100)
+        flaky = FlakyCollector(collector(), 100)
         run_profile(flaky, tiny_datasets(), resumed, max_new_tokens=5, progress=False)
     finally:
         profiler.CHECKPOINT_EVERY = saved
@@ -163,6 +207,11 @@ def test_profile_reproducible_and_resumable(tiny_model, tmp_path):
     assert profile.settings["max_new_tokens"] == 5 and profile.model.n_layer == 2 and profile.model.n_ff == 96
     # token counts: every prompt token plus the decoded generated tokens
     assert int(profile.datasets[0].n_tokens[0]) > 4 * 3
+    if input_moments:  # E[h h^T]: symmetric, positive diagonal, one per layer
+        m = profile.input_moments
+        assert m.shape == (2, 64, 64) and np.allclose(m, m.transpose(0, 2, 1), atol=1e-5) and np.all(np.diagonal(m, 0, 1, 2) > 0)
+    else:
+        assert profile.input_moments is None
 
 
 def test_profile_report_writes_plots(tmp_path):

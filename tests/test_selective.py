@@ -2,8 +2,8 @@
 decode against the reference with the same masks, phi = gamma against dense-over-loaded."""
 import numpy as np
 import pytest
-from gguf import GGUFReader
-from helpers import make_si_model
+from gguf import GGMLQuantizationType, GGUFReader
+from helpers import make_predicted_si_model, make_si_model
 from reference import ReferenceModel, reference_select, reference_sum_magnitude
 
 from selectinfer import Model, ModelLoadError
@@ -260,20 +260,22 @@ def test_the_files_strategy_is_its_default_and_settings_override_it(tmp_path, mo
     assert selections(strategy="fixed") == [{1: best_ranked, 2: best_ranked}] * 3
 
 
-def forward_gate_guided(ref: ReferenceModel, tokens, n_prompt, n_static, n_select, si_layers):
+def forward_step_chosen(ref: ReferenceModel, tokens, n_prompt, n_static, n_select, si_layers, score_of):
     """Logits of the reference where each position >= n_prompt of a SelectInfer layer computes the
-    static neurons and the n_select - n_static others with the largest |act(gate)| of its own (ties
-    to the lower row); also the smallest gap at that boundary, relative to the token's largest score."""
+    static neurons and the n_select - n_static others with the largest score_of(il, h, gate) (h: the
+    token's FFN input, gate: its gate of every loaded neuron; one score per gathered neuron; ties to
+    the lower row); also the smallest gap at that boundary, relative to the token's largest score."""
     x = ref.embed(tokens)
     positions = np.arange(len(tokens))
     margin = np.inf
     for il in range(ref.n_layer):
         x = ref.attention_block(x, il, positions)
-        gate, up = ref.gate_up(ref.ffn_input(x, il), il)
+        h = ref.ffn_input(x, il)
+        gate, up = ref.gate_up(h, il)
         act = ref.act(gate) * up
         if il in si_layers:
             for t in range(n_prompt, len(tokens)):
-                score = np.abs(ref.act(gate[t, n_static:]))
+                score = score_of(il, h[t], gate[t])
                 order = sorted(range(len(score)), key=lambda i: (-score[i], i))
                 k = n_select - n_static
                 margin = min(margin, (score[order[k - 1]] - score[order[k]]) / score[order[0]])
@@ -285,17 +287,17 @@ def forward_gate_guided(ref: ReferenceModel, tokens, n_prompt, n_static, n_selec
     return ref.logits(x), margin
 
 
-def test_gate_guided_strategy_matches_reference(si_model):
-    """strategy="gate-guided": each decode step computes gate over every loaded neuron, then up and
-    down for the static ones and the phi N - n_static others with the largest |act(gate)| of that
-    token; the prompt chooses nothing."""
-    ref = ReferenceModel.load(si_model)
+def check_step_chosen(path, strategy, score_of):
+    """Decode steps of `strategy` against forward_step_chosen (phi 0.4, gamma 0.75, delta 0.25,
+    layers 1..2): returns the logits."""
+    ref = ReferenceModel.load(path)
     n_static, n_select = round(0.25 * 256), round(0.4 * 256)
-    with Model(si_model, n_ctx=128, strategy="gate-guided", compute_ratio=0.4) as m:
+    with Model(path, n_ctx=128, strategy=strategy, compute_ratio=0.4) as m:
         for text in PROMPTS:
             prompt = m.tokenize(text)
             tokens, logits = decode(m, prompt, 4)
-            ref_logits, margin = forward_gate_guided(ref, prompt + tokens, len(prompt), n_static, n_select, {1, 2})
+            ref_logits, margin = forward_step_chosen(ref, prompt + tokens, len(prompt), n_static, n_select, {1, 2},
+                                                     lambda il, h, gate: score_of(ref, il, h, gate, n_static))
             if margin > 2e-5:  # no float-level near-tie at any step's boundary
                 break
         else:
@@ -303,9 +305,43 @@ def test_gate_guided_strategy_matches_reference(si_model):
         assert {il: ids.tolist() for il, ids in m.selected_neurons().items()} == {1: [], 2: []}
     expected_logits = ref_logits[len(prompt): len(prompt) + 4]
     assert np.abs(logits - expected_logits).max() < 2e-3 * np.abs(expected_logits).max()
-    with Model(si_model, n_ctx=128, compute_ratio=0.4) as m:  # the per-prompt choice decodes otherwise
+    with Model(path, n_ctx=128, compute_ratio=0.4) as m:  # the per-prompt choice decodes otherwise
         _, by_prompt = decode(m, prompt, 4)
     assert np.abs(by_prompt - logits).max() > 1e-3
+    return logits
+
+
+def test_gate_guided_strategy_matches_reference(si_model):
+    """strategy="gate-guided": each decode step computes gate over every loaded neuron, then up and
+    down for the static ones and the phi N - n_static others with the largest |act(gate)| of that
+    token; the prompt chooses nothing."""
+    check_step_chosen(si_model, "gate-guided", lambda ref, il, h, gate, n_static: np.abs(ref.act(gate[n_static:])))
+
+
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-gemma3"])
+def predicted_si_model(request, tmp_path_factory):
+    return make_predicted_si_model(tmp_path_factory.mktemp("predicted"), seed=11, layers="1:3", shape=request.param)
+
+
+def test_predicted_strategy_matches_reference(predicted_si_model):
+    """strategy="predicted": each decode step scores the gathered neurons by |act(pred_out @ pred_in
+    @ h)| (the file's low-rank gate predictor), then gate, up and down for the static ones and the
+    phi N - n_static best; the prompt chooses nothing."""
+    def f16(v):  # ggml rounds a matmul's float input to the F16 weights' dot type
+        return v.astype(np.float16).astype(np.float64)
+
+    def predicted(ref, il, h, gate, n_static):
+        p = f"blk.{il}.ffn_gate_pred_"
+        return np.abs(ref.act(ref.weights[p + "out.weight"] @ f16(ref.weights[p + "in.weight"] @ f16(h))))
+
+    types = {t.name: t.tensor_type for t in GGUFReader(str(predicted_si_model)).tensors if "_pred_" in t.name}
+    assert set(types.values()) == {GGMLQuantizationType.F16} and len(types) == 4  # beside F32 weights
+    check_step_chosen(predicted_si_model, "predicted", predicted)
+
+
+def test_predicted_strategy_needs_a_predictor(si_model):
+    with pytest.raises(ValueError, match="--predictor-rank"):
+        Model(si_model, strategy="predicted")
 
 
 def test_strategy_from_the_environment_and_overridden(si_model, monkeypatch):
@@ -418,7 +454,7 @@ def test_explicit_settings_override_the_environment(si_model, monkeypatch):
 
 @pytest.mark.parametrize("name,value,match", [
     ("SELECTINFER_SELECT_BY", "size", "SELECTINFER_SELECT_BY='size': use value or magnitude"),
-    ("SELECTINFER_STRATEGY", "best", "SELECTINFER_STRATEGY='best': use frequency, sum-magnitude, fixed or gate-guided"),
+    ("SELECTINFER_STRATEGY", "best", "SELECTINFER_STRATEGY='best': use frequency, sum-magnitude, fixed, gate-guided or predicted"),
     ("SELECTINFER_COMPUTE_RATIO", "0.4x", "SELECTINFER_COMPUTE_RATIO='0.4x' is not a number"),
     ("SELECTINFER_TOKEN_RATIO", "nan", "SELECTINFER_TOKEN_RATIO='nan' is not a number"),
     ("SELECTINFER_COMPUTE_RATIO", "0.9", r"compute ratio \(phi\) 0.9 must lie between"),
@@ -435,7 +471,7 @@ def test_bad_environment_knobs(si_model, monkeypatch, name, value, match):
     ({"token_ratio": 0.0}, r"token ratio \(alpha\) must be in \(0, 1\]"),
     ({"compute_ratio": float("nan")}, r"compute_ratio must be in \[0, 1\]"),
     ({"select_by": "size"}, "select_by must be"),
-    ({"strategy": "best"}, "strategy must be frequency, sum-magnitude, fixed or gate-guided, got 'best'"),
+    ({"strategy": "best"}, "strategy must be frequency, sum-magnitude, fixed, gate-guided or predicted, got 'best'"),
     ({"strategy": "fixed", "select_by": "magnitude"}, "the fixed strategy does not rank tokens"),
 ])
 def test_bad_knobs(si_model, kwargs, match):

@@ -51,7 +51,7 @@ BAD_METADATA = [
     (dict(selectinfer__token_ratio=(V.FLOAT32, 0.0, None)), r"selectinfer.token_ratio must be > 0"),
     (dict(selectinfer__token_ratio=(V.FLOAT32, float("inf"), None)), r"selectinfer.token_ratio = inf is outside"),
     (dict(selectinfer__strategy=(V.STRING, "best", None)),
-     r"selectinfer.strategy = 'best' is not a strategy \(frequency, sum-magnitude, fixed or gate-guided\)"),
+     r"selectinfer.strategy = 'best' is not a strategy \(frequency, sum-magnitude, fixed, gate-guided or predicted\)"),
     (dict(selectinfer__strategy=(V.STRING, b"\xbb\x01fixed", None)), r"selectinfer.strategy = '\?\?fixed' is not a strategy"),
     (dict(selectinfer__strategy=(V.UINT32, 2, None)), r"selectinfer.strategy is a u32, not a string"),
     (dict(selectinfer__layers=arr([])), r"selectinfer.layers is empty"),

@@ -89,7 +89,7 @@ def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, r
                     kwargs = {"compute_ratio": phi, **({"strategy": strategy} if strategy else {})}
                     label = f"{name} (phi {phi}{' ' + strategy if strategy else ''})"
                     configs.append(BenchConfig(label, p, kwargs,
-                                               _bytes_read(header, phi, whole_gate=strategy == "gate-guided")))
+                                               _bytes_read(header, phi, strategy)))
         else:
             configs.append(BenchConfig(name, p, {}, _bytes_read(header)))
         if profiling:
@@ -131,11 +131,13 @@ def bytes_read_per_token(path, compute_ratio: float | None = None, strategy: str
     """Weight bytes one decode step reads, the yardstick of a memory-bound decode:
     every matrix once, the token embedding only where it is also the output projection (tied);
     in a SelectInfer layer at compute ratio phi only the FFN rows computed (phi N of n_load), but
-    every loaded row of the gate with the gate-guided strategy."""
-    return _bytes_read(_native.read_gguf_header(str(path)), compute_ratio, whole_gate=strategy == "gate-guided")
+    every loaded row of the gate with the gate-guided strategy, and the gate predictor (read only by
+    the predicted strategy) in full."""
+    return _bytes_read(_native.read_gguf_header(str(path)), compute_ratio, strategy)
 
 
 _SI_FFN = re.compile(r"blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down_static|ffn_down_t)\.weight")
+_GATE_PREDICTOR = re.compile(r"blk\.\d+\.ffn_gate_pred_(in|out)\.weight")
 
 
 def computed_neurons(compute_ratio: float, n_original: int, n_load: int) -> int:
@@ -145,7 +147,7 @@ def computed_neurons(compute_ratio: float, n_original: int, n_load: int) -> int:
     return min(n_load, int(math.floor(product + 0.5)))
 
 
-def _bytes_read(header: dict, compute_ratio: float | None = None, whole_gate: bool = False) -> int:
+def _bytes_read(header: dict, compute_ratio: float | None = None, strategy: str | None = None) -> int:
     kv = header["kv"]
     tensors = {t["name"]: t for t in header["tensors"]}
     n_original = int(kv.get("selectinfer.original_feed_forward_length", 0))
@@ -155,9 +157,11 @@ def _bytes_read(header: dict, compute_ratio: float | None = None, whole_gate: bo
     for name, t in tensors.items():
         if name == "token_embd.weight" and "output.weight" in tensors:
             continue  # only one row per token is read
+        if _GATE_PREDICTOR.fullmatch(name) and not (compute_ratio is not None and strategy == "predicted"):
+            continue
         nbytes = t["nbytes"]
         ffn = _SI_FFN.fullmatch(name)
-        partial = ffn and not (whole_gate and ffn.group(2) == "ffn_gate")
+        partial = ffn and not (strategy == "gate-guided" and ffn.group(2) == "ffn_gate")
         if compute_ratio is not None and partial and int(ffn.group(1)) in si_layers:  # an FFN matrix of a SelectInfer layer
             n_load = int(widths[int(ffn.group(1))])  # the same bytes per neuron in every part of it
             nbytes = nbytes * computed_neurons(compute_ratio, n_original, n_load) // n_load

@@ -66,7 +66,7 @@ def _cmd_profile(args: argparse.Namespace) -> None:
 
     profile = profile_model(args.model, args.data, args.output, max_prompts=args.max_prompts,
                            max_new_tokens=args.max_new_tokens, n_ctx=args.ctx_size, n_threads=args.threads,
-                           resume=not args.no_resume)
+                           resume=not args.no_resume, input_moments=args.input_moments)
     for d in profile.datasets:
         print(f"{d.name:14s} {d.task:14s} {d.n_prompts:4d} prompts {int(d.n_tokens[0]):7d} tokens")
     print(args.output)
@@ -88,7 +88,7 @@ def _cmd_convert(args: argparse.Namespace) -> None:
 
     r = convert(args.model, args.output, profile=args.profile, task=args.task, load_ratio=args.load_ratio,
                 static_ratio=args.static_ratio, layers=args.layers, ranking=args.ranking, seed=args.seed,
-                memory_budget=args.memory_budget, strategy=args.strategy)
+                memory_budget=args.memory_budget, strategy=args.strategy, predictor_rank=args.predictor_rank)
     print(f"{r.path}: gamma {r.load_ratio:.3f}, delta {r.static_ratio:.3f}, layers {r.layers.start}:{r.layers.stop}, "
           f"{r.source_bytes / 2**20:.1f} MiB -> {r.output_bytes / 2**20:.1f} MiB")
 
@@ -137,7 +137,8 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     elif tasks:  # the engine's own profile of this model (selectinfer prepare's, cached)
         from .prepare import cached_profile
 
-        profile = cached_profile(source, max_prompts=args.profile_prompts, n_threads=args.threads)
+        profile = cached_profile(source, max_prompts=args.profile_prompts, n_threads=args.threads,
+                                 input_moments=args.predictor_rank > 0)
     report, written = run_eval(
         source, Path(args.output), profile=profile, task=args.profile_task, gammas=args.gammas, phis=args.phis,
         select_by=args.select_by, quants=args.quants, si_quants=args.si_quants, delta=args.static_ratio,
@@ -145,7 +146,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         tasks=tasks, n=args.n, n_threads=args.threads, speed_rounds=args.speed_rounds, n_prompt=args.n_prompt,
         n_gen=args.n_gen, memory_limit_bytes=parse_size(args.memory_limit) if args.memory_limit else None,
         repack=not args.no_repack, prepare_budget=args.prepare_budget, n_ctx=args.ctx_size,
-        command="selectinfer " + " ".join(sys.argv[1:]))
+        predictor_rank=args.predictor_rank, command="selectinfer " + " ".join(sys.argv[1:]))
     for path in written:
         print(path)
 
@@ -255,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--ctx-size", type=int, default=2048)
     p.add_argument("-t", "--threads", type=int, default=0)
     p.add_argument("--no-resume", action="store_true", help="ignore a checkpoint of an interrupted run")
+    p.add_argument("--input-moments", action="store_true",
+                   help="also record E[h h^T] of each layer's FFN input (n_embd^2 floats per layer), which "
+                        "`convert --predictor-rank` needs")
     p.set_defaults(func=_cmd_profile)
 
     p = sub.add_parser("profile-report", help="plots of a profile: score distributions, task overlap")
@@ -278,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", choices=STRATEGIES, default="frequency",
                    help="the selection strategy the file suggests (its default; the environment and "
                         "--strategy of a program override it)")
+    p.add_argument("--predictor-rank", type=int, default=0, metavar="R",
+                   help="add a rank-R predictor of each sparsified layer's gathered gate rows (R a multiple of 32; "
+                        "needs --profile made with --input-moments); default 0: none")
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("inspect", help="metadata and per-layer widths of a (SelectInfer) GGUF")
@@ -332,8 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compute ratios within [delta, gamma] (default 0.3 0.4 0.5; --quick 0.4)")
     p.add_argument("--select-by", nargs="+", choices=list(SELECTION_RULES),
                    help="how decode's neurons are chosen: the method's frequency ranking by value or magnitude, "
-                        "or the sum-magnitude, fixed or gate-guided strategy (default value and magnitude; "
+                        "or the sum-magnitude, fixed, gate-guided or predicted strategy (default value and magnitude; "
                         "--quick value)")
+    p.add_argument("--predictor-rank", type=int, default=0,
+                   help="give the SelectInfer files a gate predictor of this rank (convert --predictor-rank), which "
+                        "the predicted strategy (--select-by predicted) needs; the profile then records the FFN "
+                        "input moments (default 0: none)")
     p.add_argument("--quants", nargs="*", help="quantized baselines (default F16 Q8_0 Q4_0 Q4_K_M; --quick Q4_0)")
     p.add_argument("--si-quants", nargs="*",
                    help="also SelectInfer files made from these quantized baselines at the middle gamma "

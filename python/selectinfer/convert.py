@@ -20,6 +20,13 @@ of their down projection are re-quantized to the same type (from the dequantized
 ggml's own quantizer; ffn_down_t as Q8_0 where its rows of n_embd values are not whole blocks of
 the type: down_t_type), and the static count is a whole number of the type's blocks. gate and up
 are never re-quantized.
+
+Optionally (predictor_rank R > 0, from a profile with FFN input moments C = E[h h^T]) a sparsified
+layer also holds a rank-R predictor of its gathered neurons' gate, pred_out @ (pred_in @ h), the
+best rank-R approximation of W h (W: the gathered gate rows) in the mean square over the profiled
+inputs: W C^{1/2} = U S V^T, pred_in = V_R^T C^{-1/2} (`blk.N.ffn_gate_pred_in`, ne [n_embd, R]),
+pred_out = U_R S_R (`blk.N.ffn_gate_pred_out`, ne [R, n_gathered]); F16 beside a float gate, else
+Q8_0 (F16 where a row is not whole blocks of 32), right after the layer's FFN tensors; `selectinfer.predictor_rank` holds R.
 """
 from __future__ import annotations
 
@@ -38,6 +45,8 @@ from .paths import atomic_path, sha256_file
 from .profiles import Profile
 
 SI_FORMAT_VERSION = 2
+PREDICTOR_RANK_KEY = "selectinfer.predictor_rank"  # u32, present only in files with a gate predictor
+PREDICTOR_RANK_STEP = 32  # Q8_0 blocks: the rank is the row length of pred_out
 # run-time defaults written into the file (the authors' reference values): phi and alpha
 DEFAULT_COMPUTE_RATIO = 0.4
 DEFAULT_TOKEN_RATIO = 0.2
@@ -245,8 +254,8 @@ class OutputTensor:
     name: str
     type: int
     ne: list[int]
-    source: dict  # the source tensor it comes from
-    part: str     # "copy", "rows" (gate/up), "down_static", "down_t"
+    source: dict  # the source tensor it comes from (the gate, for the predictor)
+    part: str     # "copy", "rows" (gate/up), "down_static", "down_t", "pred_in", "pred_out"
 
 
 @dataclass
@@ -259,9 +268,33 @@ class ConvertResult:
     output_bytes: int
 
 
-def _output_tensors(src: SourceGGUF, plans: dict[int, LayerPlan]) -> list[OutputTensor]:
+def predictor_type(n_per_row: int, gate_type: int) -> int:
+    """The type of a predictor tensor with rows of n_per_row values: F16 beside a float gate, else
+    Q8_0 where the rows are whole blocks (F16 where not)."""
+    exact = gate_type in EXACT_TYPES or n_per_row % 32 != 0
+    return int(GGMLQuantizationType.F16 if exact else GGMLQuantizationType.Q8_0)
+
+
+def _predictor_tensors(gate: dict, plan: LayerPlan, rank: int) -> list[OutputTensor]:
+    il, n_embd = _layer_kind(gate["name"])[0], gate["ne"][0]
+    n_gathered = len(plan.neuron_ids) - plan.n_static
+    return [OutputTensor(f"blk.{il}.ffn_gate_pred_in.weight", predictor_type(n_embd, gate["type"]), [n_embd, rank],
+                         gate, "pred_in"),
+            OutputTensor(f"blk.{il}.ffn_gate_pred_out.weight", predictor_type(rank, gate["type"]), [rank, n_gathered], gate,
+                         "pred_out")]
+
+
+def _output_tensors(src: SourceGGUF, plans: dict[int, LayerPlan], predictor_rank: int = 0) -> list[OutputTensor]:
     """Every output tensor, in the source's order (a SelectInfer layer's ffn_down becomes
-    ffn_down_static and ffn_down_t, each only when it has neurons)."""
+    ffn_down_static and ffn_down_t, each only when it has neurons; its gate predictor follows the
+    layer's last ffn_* tensor)."""
+    last_ffn, gates = {}, {}  # per sparsified layer: the name of its last ffn_* tensor; its gate
+    for t in src.tensors:
+        il, kind = _layer_kind(t["name"])
+        if il in plans and kind.startswith("ffn_"):
+            last_ffn[il] = t["name"]
+            if kind == "ffn_gate":
+                gates[il] = t
     out = []
     for t in src.tensors:
         il, kind = _layer_kind(t["name"])
@@ -281,12 +314,78 @@ def _output_tensors(src: SourceGGUF, plans: dict[int, LayerPlan]) -> list[Output
                 out.append(OutputTensor(f"blk.{il}.ffn_down_t.weight", down_type, [ne[1], n_dynamic], t, "down_t"))
         else:
             out.append(OutputTensor(t["name"], t["type"], ne, t, "copy"))
+        if predictor_rank > 0 and plan is not None and last_ffn.get(il) == t["name"]:
+            if il not in gates:
+                raise ConvertError(f"layer {il} has no ffn_gate to predict; convert without --predictor-rank")
+            out += _predictor_tensors(gates[il], plan, predictor_rank)
     return out
 
 
-def _converted_tensor(src: SourceGGUF, out: OutputTensor, plans: dict[int, LayerPlan]) -> np.ndarray:
+def whitening(moments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(C^{1/2}, C^{-1/2}) of C = moments + eps I, eps = 1e-6 * mean eigenvalue: directions the
+    inputs never take get eps, not zero, so that the inverse stays finite."""
+    c = np.asarray(moments, dtype=np.float64)
+    n_embd = c.shape[0]
+    eps = 1e-6 * np.trace(c) / n_embd
+    eigenvalues, q = np.linalg.eigh(c + eps * np.eye(n_embd))
+    root = np.sqrt(np.maximum(eigenvalues, eps))
+    return (q * root) @ q.T, (q / root) @ q.T
+
+
+def gate_predictor(gate: np.ndarray, moments: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """(pred_in [rank, n_embd], pred_out [n_gathered, rank]), float64, from the gathered gate rows
+    [n_gathered, n_embd] and E[h h^T] [n_embd, n_embd]: pred_out @ pred_in minimises
+    E|(W - M) h|^2 over rank-`rank` matrices M (the SVD of the whitened W, Eckart-Young)."""
+    c_half, c_inv_half = whitening(moments)
+    u, s, vt = np.linalg.svd(np.asarray(gate, dtype=np.float64) @ c_half, full_matrices=False)
+    return vt[:rank] @ c_inv_half, u[:, :rank] * s[:rank]
+
+
+def _encode_predictor(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """Predictor rows in their type (predictor_type): Q8_0 blocks by gguf-py's quantizer, or F16."""
+    from gguf.quants import quantize
+
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    return values.astype(np.float16) if qtype == GGMLQuantizationType.F16 else quantize(values, qtype)
+
+
+class _Predictors:
+    """Each sparsified layer's gate predictor, made when its first tensor is written (the last
+    layer's kept for its second: one SVD per layer)."""
+
+    def __init__(self, src: SourceGGUF, plans: dict[int, LayerPlan], moments: np.ndarray, rank: int):
+        self.src, self.plans, self.moments, self.rank = src, plans, moments, rank
+        self._layer, self._factors = None, None
+
+    def factors(self, gate: dict) -> tuple[np.ndarray, np.ndarray]:
+        il = _layer_kind(gate["name"])[0]
+        if il != self._layer:
+            plan = self.plans[il]
+            w = _dequantized_rows(self.src, gate, plan.neuron_ids[plan.n_static:])
+            self._layer, self._factors = il, gate_predictor(w, self.moments[il], self.rank)
+        return self._factors
+
+
+def _dequantized_rows(src: SourceGGUF, t: dict, ids: np.ndarray) -> np.ndarray:
+    """The rows `ids` of a matrix as float32 [len(ids), ne[0]] (ggml has no to_float for F32)."""
+    qtype = GGMLQuantizationType(t["type"])
+    rows = np.ascontiguousarray(src.rows(t)[ids])
+    if qtype == GGMLQuantizationType.F32:
+        return rows.view(np.float32)
+    if qtype == GGMLQuantizationType.F16:
+        return rows.view(np.float16).astype(np.float32)
+    if qtype == GGMLQuantizationType.BF16:
+        return (rows.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return _native.dequantize_rows(int(qtype), rows, t["ne"][0])
+
+
+def _converted_tensor(src: SourceGGUF, out: OutputTensor, plans: dict[int, LayerPlan],
+                      predictors: _Predictors | None = None) -> np.ndarray:
     if out.part == "copy":
         return src.rows(out.source)
+    if out.part in ("pred_in", "pred_out"):
+        pred_in, pred_out = predictors.factors(out.source)
+        return _encode_predictor(pred_in if out.part == "pred_in" else pred_out, GGMLQuantizationType(out.type))
     plan = plans[_layer_kind(out.source["name"])[0]]
     if out.part == "rows":
         return src.rows(out.source)[plan.neuron_ids]  # rows copied byte for byte, any type
@@ -302,10 +401,13 @@ def _down_block(src: SourceGGUF, layers: range) -> int:
     return max(blocks, default=1)
 
 
-def estimate_output_bytes(src: SourceGGUF, layers: range, n_load: int) -> int:
-    """Tensor bytes of the converted file for n_load neurons per sparsified layer."""
-    fake = {il: LayerPlan(np.zeros(n_load, dtype=np.int32), 0) for il in layers}
-    return sum(_native.row_bytes(t.type, t.ne[0]) * int(np.prod(t.ne[1:])) for t in _output_tensors(src, fake))
+def estimate_output_bytes(src: SourceGGUF, layers: range, n_load: int, *, n_static: int = 0,
+                          predictor_rank: int = 0) -> int:
+    """Tensor bytes of the converted file for n_load neurons (n_static of them static) per
+    sparsified layer, with a gate predictor of rank predictor_rank (0: none)."""
+    fake = {il: LayerPlan(np.zeros(n_load, dtype=np.int32), n_static) for il in layers}
+    return sum(_native.row_bytes(t.type, t.ne[0]) * int(np.prod(t.ne[1:]))
+               for t in _output_tensors(src, fake, predictor_rank))
 
 
 def parse_size(text: str) -> int:
@@ -322,18 +424,27 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-def fit_load_ratio(src: SourceGGUF, layers: range, n_ff: int, static_ratio: float, budget_bytes: int) -> float:
+def fit_load_ratio(src: SourceGGUF, layers: range, n_ff: int, static_ratio: float, budget_bytes: int,
+                   predictor_rank: int = 0) -> float:
     """The largest gamma (in steps of one neuron, or of a group of them, see load_count) whose
     converted weights fit budget_bytes."""
     step = neuron_step(n_ff)
+    down_block = _down_block(src, layers)
+
+    def needed(n_load: int) -> int:
+        # the static count sizes the predictor (it covers the gathered neurons only); without one the
+        # estimate stays the all-gathered one of before (an upper bound where ffn_down_t's type is wider)
+        n_static = layer_counts(n_ff, n_load / n_ff, static_ratio, down_block)[1] if predictor_rank else 0
+        return estimate_output_bytes(src, layers, n_load, n_static=n_static, predictor_rank=predictor_rank)
+
     lo, hi = max(1, -(-neuron_count(static_ratio, n_ff) // step)), n_ff // step  # in steps
-    need = estimate_output_bytes(src, layers, lo * step)
+    need = needed(lo * step)
     if need > budget_bytes:
         raise ConvertError(f"the budget of {budget_bytes / 2**20:.1f} MiB is too small: even gamma = delta "
                            f"({static_ratio}) needs {need / 2**20:.1f} MiB; lower --static-ratio or sparsify more layers")
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if estimate_output_bytes(src, layers, mid * step) <= budget_bytes:
+        if needed(mid * step) <= budget_bytes:
             lo = mid
         else:
             hi = mid - 1
@@ -367,15 +478,53 @@ _DIGEST_PLACEHOLDER = "pending-sha256-".ljust(64, "x")  # same length as a hex s
 DEFAULT_STATIC_RATIO = 0.3  # delta: static neurons per layer, of N
 
 
+def check_predictor_rank(rank: int, profile) -> None:
+    """The rank alone: 0 (no predictor) or a positive multiple of 32, and a profile to whiten with."""
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 0 or rank % PREDICTOR_RANK_STEP:
+        raise ConvertError(f"the predictor rank must be a positive multiple of {PREDICTOR_RANK_STEP} (e.g. 64), "
+                           f"or 0 for none; got {rank!r}")
+    if rank > 0 and profile is None:
+        raise ConvertError("the gate predictor is made from the profile's FFN input moments: pass --profile FILE "
+                           "(a profile of this model made with --input-moments)")
+
+
+def check_moments(prof: Profile, src: SourceGGUF, layers: range) -> None:
+    """The profile's FFN input moments: present, of this model's n_embd, not all zero."""
+    if prof.input_moments is None:
+        raise ConvertError("profile the model again with this selectinfer: the profile has no FFN input moments "
+                           "(selectinfer profile --input-moments)")
+    n_embd = int(src.get(f"{src.get('general.architecture')}.embedding_length"))
+    if prof.input_moments.shape[1:] != (n_embd, n_embd):
+        raise ConvertError(f"the profile's FFN input moments are {prof.input_moments.shape[1]} wide, the model's "
+                           f"inputs {n_embd}; profile this model again")
+    for il in layers:
+        if not np.trace(prof.input_moments[il], dtype=np.float64) > 0:
+            raise ConvertError(f"the profile's FFN input moments of layer {il} are zero; profile the model again")
+
+
+def check_predictor_fits(rank: int, src: SourceGGUF, plans: dict[int, LayerPlan]) -> None:
+    """A rank of at most min(n_embd, gathered neurons) in every sparsified layer."""
+    n_embd = int(src.get(f"{src.get('general.architecture')}.embedding_length"))
+    il, plan = min(plans.items(), key=lambda item: len(item[1].neuron_ids) - item[1].n_static)
+    n_gathered = len(plan.neuron_ids) - plan.n_static
+    if rank > min(n_embd, n_gathered):
+        raise ConvertError(f"the predictor rank {rank} exceeds min(n_embd {n_embd}, gathered neurons {n_gathered} "
+                           f"of layer {il}); choose --predictor-rank at most {min(n_embd, n_gathered)} "
+                           f"(rounded down to a multiple of {PREDICTOR_RANK_STEP}), or load more neurons")
+
+
 def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile: str | os.PathLike | None = None,
             task: str | None = None, load_ratio: float | None = 0.7, static_ratio: float = DEFAULT_STATIC_RATIO,
             layers: str | None = None, ranking: str = "profile", seed: int = 0, memory_budget: str | None = None,
-            strategy: str = "frequency", progress: bool = True, check_profile_source: bool = True) -> ConvertResult:
+            strategy: str = "frequency", progress: bool = True, check_profile_source: bool = True,
+            predictor_rank: int = 0) -> ConvertResult:
     """Writes the SelectInfer GGUF `output` from the dense GGUF `model_path` (see module docs).
     `strategy` is the selection strategy the file suggests (the engine's default for this file;
     the environment and a program's own setting override it).
     check_profile_source=False accepts a profile made on another file of the same shape (the same
-    model in another weight type: the evaluation's quantized SelectInfer files)."""
+    model in another weight type: the evaluation's quantized SelectInfer files).
+    predictor_rank > 0 adds each sparsified layer's gate predictor of that rank (a multiple of 32;
+    needs `profile` with FFN input moments, also with ranking 'random')."""
     model_path, output = Path(model_path), Path(output)
     if not model_path.is_file():
         raise FileNotFoundError(f"model file not found: {model_path}")
@@ -383,6 +532,8 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
         raise ConvertError(f"strategy must be one of {', '.join(_native.STRATEGIES)}, got '{strategy}'")
     if ranking not in ("profile", "random"):
         raise ConvertError(f"ranking must be 'profile' or 'random', got '{ranking}'")
+    check_predictor_rank(predictor_rank, profile)
+    predictor_rank = int(predictor_rank)
     src = SourceGGUF(model_path)
     arch = src.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
@@ -394,19 +545,24 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
     layer_range = parse_layers(layers, n_layer)
 
     prof = None
-    if ranking == "profile":
-        if profile is None:
-            raise ConvertError("a profile is needed (--profile FILE), or use --ranking random")
+    if ranking == "profile" and profile is None:
+        raise ConvertError("a profile is needed (--profile FILE), or use --ranking random")
+    if ranking == "profile" or predictor_rank > 0:
         prof = Profile.load(profile)
         prof.check_model(prof.model.digest, n_layer, n_ff)  # the shape now; the file digest below
+    if predictor_rank > 0:
+        check_moments(prof, src, layer_range)
+    if ranking == "profile":
         if task is None:
             raise ConvertError(f"choose the task whose neurons stay static (--task); the profile has: "
                                f"{', '.join(prof.tasks())}")
         prof.task_scores(task)  # fails clearly for a task the profile lacks
     if memory_budget is not None:
-        load_ratio = fit_load_ratio(src, layer_range, n_ff, static_ratio, parse_size(memory_budget))
-    plans = plan_layers(n_ff, layer_range, load_ratio, static_ratio, profile=prof, task=task, seed=seed,
-                        down_block=_down_block(src, layer_range))
+        load_ratio = fit_load_ratio(src, layer_range, n_ff, static_ratio, parse_size(memory_budget), predictor_rank)
+    plans = plan_layers(n_ff, layer_range, load_ratio, static_ratio, profile=prof if ranking == "profile" else None,
+                        task=task, seed=seed, down_block=_down_block(src, layer_range))
+    if predictor_rank > 0:
+        check_predictor_fits(predictor_rank, src, plans)
 
     out_dir = output.parent if str(output.parent) else Path(".")
     if not out_dir.is_dir() or not os.access(out_dir, os.W_OK):
@@ -433,7 +589,10 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
     ]
     # neuron ids are metadata, not tensors: llama.cpp refuses files with tensors it does not use
     keys += [(f"selectinfer.neuron_ids.{il}", "arr_i32", plans[il].neuron_ids.tolist()) for il in layer_range]
-    tensors = _output_tensors(src, plans)
+    if predictor_rank > 0:
+        keys.append((PREDICTOR_RANK_KEY, "u32", predictor_rank))
+    tensors = _output_tensors(src, plans, predictor_rank)
+    predictors = _Predictors(src, plans, prof.input_moments, predictor_rank) if predictor_rank > 0 else None
     with atomic_path(output) as tmp:
         header = _native.write_gguf_header(str(model_path), str(tmp), [f"{arch}.feed_forward_length"], keys,
                                            [(t.name, t.type, t.ne) for t in tensors])
@@ -442,7 +601,7 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
         with open(tmp, "r+b") as f, tqdm(total=total, unit="B", unit_scale=True, desc="convert",
                                          disable=not progress) as bar:
             for t in tensors:
-                data = _converted_tensor(src, t, plans)
+                data = _converted_tensor(src, t, plans, predictors)
                 f.seek(header["data_offset"] + offsets[t.name])
                 f.write(memoryview(np.ascontiguousarray(data)).cast("B"))
                 bar.update(data.nbytes)
@@ -467,7 +626,8 @@ def inspect(path: str | os.PathLike) -> str:
     n_layer = int(src.get(f"{arch}.block_count", 0))
     widths = src.get(f"{arch}.feed_forward_length")
     widths = list(widths) if isinstance(widths, list) else [widths] * n_layer
-    ffn_types = sorted({GGMLQuantizationType(t["type"]).name for t in src.tensors if ".ffn_" in t["name"]})
+    ffn_types = sorted({GGMLQuantizationType(t["type"]).name for t in src.tensors
+                        if ".ffn_" in t["name"] and ".ffn_gate_pred_" not in t["name"]})  # the predictor's: below
     total = sum(t["nbytes"] for t in src.tensors)
     lines = [f"file          {path} ({path.stat().st_size / 2**20:.1f} MiB, tensors {total / 2**20:.1f} MiB)",
              f"architecture  {arch}, {n_layer} layers, FFN weight types {', '.join(ffn_types)}"]
@@ -487,8 +647,17 @@ def inspect(path: str | os.PathLike) -> str:
         f"{src.get('selectinfer.compute_ratio', -1):.3f}, token (alpha) {src.get('selectinfer.token_ratio', -1):.3f}",
         f"source        sha256 {src.get('selectinfer.source_digest')}",
         f"profile       sha256 {src.get('selectinfer.profile_digest') or '(random ranking)'}",
+        f"predictor     {_predictor_summary(src)}",
         "layer  width  static",
     ]
     for il in range(n_layer):
         lines.append(f"{il:5d}  {int(widths[il]):5d}  {statics.get(il, '-')!s:>6}")
     return "\n".join(lines)
+
+
+def _predictor_summary(src: SourceGGUF) -> str:
+    rank = src.get(PREDICTOR_RANK_KEY)
+    if rank is None:
+        return "none"
+    types = sorted({GGMLQuantizationType(t["type"]).name for t in src.tensors if ".ffn_gate_pred_" in t["name"]})
+    return f"gate, rank {int(rank)} (ffn_gate_pred_in/out, {', '.join(types)})"

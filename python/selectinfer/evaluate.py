@@ -102,9 +102,10 @@ def selectinfer_configs(path: Path, family: str, gamma: float, delta: float, phi
 
 def build_configs(source: Path, out_dir: Path, *, profile: Path | None, task: str, gammas, phis, select_by,
                   quants, si_quants, delta: float = DEFAULT_DELTA, baselines: bool = True,
-                  progress: bool = True) -> list[Config]:
+                  predictor_rank: int = 0, progress: bool = True) -> list[Config]:
     """Every configuration of the grid, its files made (or reused) under out_dir/models; delta: the
-    static ratio of the SelectInfer files (their names carry it when it is not the default)."""
+    static ratio of the SelectInfer files (their names carry it when it is not the default);
+    predictor_rank: the main grid's files carry a gate predictor of that rank (names: pR)."""
     from .convert import convert
     from .registry import quantize
 
@@ -122,25 +123,26 @@ def build_configs(source: Path, out_dir: Path, *, profile: Path | None, task: st
         if qtype != source_type:
             configs.append(Config(quantized(qtype).stem, "quantized", str(quantized(qtype)), {}, qtype))
 
-    def si_file(base: Path, gamma: float, static: float, ranking: str, tag: str) -> Path:
+    def si_file(base: Path, gamma: float, static: float, ranking: str, tag: str, rank: int = 0) -> Path:
         def make(p: Path) -> None:
             convert(base, p, profile=profile if ranking == "profile" else None, task=task if ranking == "profile" else None,
                     load_ratio=gamma, static_ratio=static, ranking=ranking, progress=progress,
-                    check_profile_source=base == source)
+                    check_profile_source=base == source, predictor_rank=rank)
         return _made(models / f"{base.stem}.{tag}.gguf", make, [base] + inputs)
 
     def tag(prefix: str, gamma: float) -> str:
-        return f"{prefix}{round(100 * gamma)}" + ("" if abs(delta - DEFAULT_DELTA) < 1e-9 else f"d{round(100 * delta)}")
+        return (f"{prefix}{round(100 * gamma)}" + ("" if abs(delta - DEFAULT_DELTA) < 1e-9 else f"d{round(100 * delta)}")
+                + (f"p{predictor_rank}" if predictor_rank else ""))
 
     ranking = "profile" if profile else "random"
     for gamma in gammas:
-        path = si_file(source, gamma, delta, ranking, tag("si", gamma))
+        path = si_file(source, gamma, delta, ranking, tag("si", gamma), predictor_rank)
         configs += selectinfer_configs(path, "selectinfer", gamma, delta, phis, select_by, source_type)
     mid_gamma = sorted(gammas)[len(gammas) // 2]
     for qtype in si_quants:
         if qtype == source_type:
             continue  # the main grid
-        path = si_file(quantized(qtype), mid_gamma, delta, ranking, tag("si", mid_gamma))
+        path = si_file(quantized(qtype), mid_gamma, delta, ranking, tag("si", mid_gamma), predictor_rank)
         configs += selectinfer_configs(path, "selectinfer", mid_gamma, delta, phis, select_by[:1], qtype)
     if baselines:
         path = si_file(source, 1.0, 0.0, ranking, "coreinfer")
@@ -362,7 +364,8 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
              n: int = 40, n_threads: int = 0,
              speed_rounds: int = 3, n_prompt: int = 64, n_gen: int = 32, n_bootstrap: int = metrics.N_BOOTSTRAP,
              n_ctx: int = 2048, memory_limit_bytes: int | None = None, repack: bool = True, command: str = "",
-             prepare_budget: str | None = None, progress: bool = True) -> tuple[dict, list[Path]]:
+             prepare_budget: str | None = None, predictor_rank: int = 0,
+             progress: bool = True) -> tuple[dict, list[Path]]:
     """Builds the grid's files, runs every configuration in a child process of its own (tasks; speed
     too where it is not interleaved), the interleaved speed rounds, and writes the report; returns
     it and the files written.
@@ -391,7 +394,7 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
     out_dir.mkdir(parents=True, exist_ok=True)
     configs = build_configs(source, out_dir, profile=profile, task=task, gammas=list(gammas), phis=list(phis),
                             select_by=list(select_by), quants=list(quants), si_quants=list(si_quants),
-                            delta=delta, baselines=baselines, progress=progress)
+                            delta=delta, baselines=baselines, predictor_rank=predictor_rank, progress=progress)
     from .convert import parse_size
     from .prepare import budget_workload
 

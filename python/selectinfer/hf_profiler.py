@@ -31,6 +31,7 @@ def checkpoint_digest(model_dir: Path) -> str:
 
 class TransformersCollector:
     name = "transformers"
+    input_moments = False
 
     def __init__(self, model_dir: str | os.PathLike, *, n_threads: int = 0):
         try:
@@ -75,7 +76,7 @@ class TransformersCollector:
         text, special = format_prompt(example, has_chat, apply)
         return self.tokenizer(text, add_special_tokens=not special)["input_ids"]
 
-    def collect(self, example: dict, max_new_tokens: int) -> tuple[np.ndarray, int]:
+    def collect(self, example: dict, max_new_tokens: int) -> tuple[np.ndarray, int, None]:
         torch = self.torch
         for s in self.sums:
             s.zero_()
@@ -89,4 +90,4 @@ class TransformersCollector:
                 self.model(ids)
         if len(set(self.counts)) != 1:
             raise RuntimeError(f"layers saw different token counts {set(self.counts)}")
-        return torch.stack(self.sums).numpy(), self.counts[0]
+        return torch.stack(self.sums).numpy(), self.counts[0], None

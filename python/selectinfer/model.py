@@ -83,6 +83,7 @@ class Model:
             (`selectinfer info` lists the devices) keeps every layer on the CPU.
         flash_attn: None lets llama.cpp decide (its default), True/False forces it on/off.
         profile: accumulate FFN activation statistics while evaluating (see `activation_sums`).
+        profile_input_moments: with profile, also the FFN inputs' h h^T (see `input_moments`).
         strategy, compute_ratio, token_ratio, select_by, dense, coreinfer: selective computation of
             a SelectInfer GGUF (how a prompt chooses its neurons: "frequency", the method's,
             "sum-magnitude", "fixed" or "gate-guided"; phi; alpha; "value" or "magnitude" for frequency; compute
@@ -95,7 +96,7 @@ class Model:
     def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 2048, n_batch: int = 512,
                  n_threads: int = 0, seed: int = -1, use_mmap: bool = True, repack: bool = True,
                  n_gpu_layers: int = 0, flash_attn: bool | None = None,
-                 profile: bool = False, strategy: str | None = None,
+                 profile: bool = False, profile_input_moments: bool = False, strategy: str | None = None,
                  compute_ratio: float | None = None, token_ratio: float | None = None,
                  select_by: str | None = None, dense: bool | None = None, coreinfer: bool | None = None,
                  verbose: bool = False):
@@ -110,6 +111,7 @@ class Model:
         params.n_gpu_layers = n_gpu_layers
         params.flash_attn = -1 if flash_attn is None else int(bool(flash_attn))
         params.profile = profile
+        params.profile_input_moments = profile_input_moments
         if select_by not in (None, "value", "magnitude"):
             raise ValueError(f"select_by must be 'value' or 'magnitude', got {select_by!r}")
         for name, value in (("compute_ratio", compute_ratio), ("token_ratio", token_ratio)):
@@ -221,6 +223,11 @@ class Model:
         """Per layer, sum over evaluated tokens of |a_n| for each FFN neuron n (a: input of the down
         projection), and the number of tokens; needs profile=True. Resets the sums by default."""
         return self.engine.activation_sums(reset)
+
+    def input_moments(self) -> list[np.ndarray]:
+        """Per layer, sum of h h^T [n_embd, n_embd] over the tokens `activation_sums` counts (h: the
+        FFN input, after its norm); needs profile_input_moments=True. activation_sums resets it."""
+        return self.engine.input_moments()
 
     # --- selective computation ------------------------------------------------------------
     def selected_neurons(self) -> dict[int, np.ndarray]:

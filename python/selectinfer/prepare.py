@@ -29,20 +29,23 @@ NOISE_MARGIN = 0.005
 
 
 def cached_profile(model_path: str | os.PathLike, dataset_specs: list[str] | None = None, *, max_prompts: int = 40,
-                   max_new_tokens: int = 128, n_ctx: int = 2048, n_threads: int = 0, progress: bool = True) -> Path:
+                   max_new_tokens: int = 128, n_ctx: int = 2048, n_threads: int = 0, input_moments: bool = False,
+                   progress: bool = True) -> Path:
     """The engine's profile of this model file on these data sets, made once and kept in the cache
-    under the file's sha256, the data sets (a user file by its sha256) and the profiling settings."""
+    under the file's sha256, the data sets (a user file by its sha256) and the profiling settings
+    (input_moments: with the FFN input moments a gate predictor needs)."""
     from .profiler import DEFAULT_DATASETS, profile_model
 
     specs = list(dataset_specs or DEFAULT_DATASETS)
     data = [spec if ":" not in spec else f"{spec}@{sha256_file(spec.rsplit(':', 1)[0])}" for spec in specs]
-    key = {"model": sha256_file(model_path), "data": data, "max_prompts": max_prompts, "max_new_tokens": max_new_tokens}
+    key = {"model": sha256_file(model_path), "data": data, "max_prompts": max_prompts, "max_new_tokens": max_new_tokens,
+           **({"input_moments": True} if input_moments else {})}  # (the keys of older profiles stay valid)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / "profiles" / f"{Path(model_path).stem}.{digest}.safetensors"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         profile_model(model_path, specs, path, max_prompts=max_prompts, max_new_tokens=max_new_tokens, n_ctx=n_ctx,
-                      n_threads=n_threads, progress=progress)
+                      n_threads=n_threads, progress=progress, input_moments=input_moments)
     return path
 
 

@@ -30,12 +30,14 @@ CHECKPOINT_EVERY = 8  # prompts
 
 
 class Collector(Protocol):
-    """Runs one example through a model and returns per-layer sum |a| ([n_layer, n_ff]) and tokens."""
+    """Runs one example through a model and returns per-layer sum |a| ([n_layer, n_ff]), the tokens,
+    and when `input_moments` is set the per-layer sum of h h^T ([n_layer, n_embd, n_embd]; else None)."""
 
     info: ModelInfo
     name: str
+    input_moments: bool
 
-    def collect(self, example: dict, max_new_tokens: int) -> tuple[np.ndarray, int]: ...
+    def collect(self, example: dict, max_new_tokens: int) -> tuple[np.ndarray, int, np.ndarray | None]: ...
 
 
 class EngineCollector:
@@ -43,8 +45,11 @@ class EngineCollector:
 
     name = "selectinfer"
 
-    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int = 0):
-        self.model = Model(model_path, n_ctx=n_ctx, n_threads=n_threads, profile=True)
+    def __init__(self, model_path: str | os.PathLike, *, n_ctx: int = 2048, n_threads: int = 0,
+                 input_moments: bool = False):
+        self.model = Model(model_path, n_ctx=n_ctx, n_threads=n_threads, profile=True,
+                           profile_input_moments=input_moments)
+        self.input_moments = input_moments
         self.has_chat_template = self.model.metadata("tokenizer.chat_template") is not None
         layers = self.model.activation_sums(reset=True)[0]
         widths = sorted({len(layer) for layer in layers})
@@ -57,7 +62,7 @@ class EngineCollector:
             n_layer=len(layers), n_ff=widths[0])
         self.truncated_prompts = 0
 
-    def collect(self, example: dict, max_new_tokens: int) -> tuple[np.ndarray, int]:
+    def collect(self, example: dict, max_new_tokens: int) -> tuple[np.ndarray, int, np.ndarray | None]:
         m = self.model
         if "input_ids" in example:  # pre-tokenized
             tokens = list(example["input_ids"])
@@ -72,8 +77,9 @@ class EngineCollector:
         m.engine.clear()  # every prompt token must pass through the model, none reused from the cache
         for _ in m.stream(tokens, max_new_tokens, temperature=0):
             pass
+        moments = np.stack(m.input_moments()).astype(np.float64) if self.input_moments else None
         sums, n_tokens = m.activation_sums(reset=True)
-        return np.stack(sums).astype(np.float64), n_tokens
+        return np.stack(sums).astype(np.float64), n_tokens, moments
 
 
 @dataclass
@@ -81,6 +87,7 @@ class _Partial:
     sums: np.ndarray  # float64 [n_layer, n_ff]
     tokens: int = 0
     done: int = 0
+    moments: np.ndarray | None = None  # float64 [n_layer, n_embd, n_embd], sum of h h^T, when collected
 
 
 def _run_key(info: ModelInfo, datasets: list[Dataset], settings: dict) -> str:
@@ -95,6 +102,8 @@ def _save_checkpoint(path: Path, key: str, partials: dict[str, _Partial]) -> Non
     for name, p in partials.items():
         arrays[f"sums/{name}"] = p.sums
         arrays[f"count/{name}"] = np.array([p.tokens, p.done], dtype=np.int64)
+        if p.moments is not None:
+            arrays[f"moments/{name}"] = p.moments
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)
@@ -108,6 +117,8 @@ def _load_checkpoint(path: Path, key: str, partials: dict[str, _Partial]) -> boo
             for name, p in partials.items():
                 p.sums = data[f"sums/{name}"]
                 p.tokens, p.done = (int(v) for v in data[f"count/{name}"])
+                if f"moments/{name}" in data:
+                    p.moments = data[f"moments/{name}"]
     except (OSError, KeyError, ValueError):
         return False
     return True
@@ -127,7 +138,7 @@ def run_profile(collector: Collector, datasets: list[Dataset], output: str | os.
     checkpoint = output.with_name(output.name + ".partial.npz")
     info = collector.info
     settings = {"profiler": collector.name, "max_new_tokens": max_new_tokens, "decoding": "greedy",
-                "split": "calibration"}
+                "split": "calibration", "input_moments": collector.input_moments}
     key = _run_key(info, datasets, settings)
     partials = {d.name: _Partial(np.zeros((info.n_layer, info.n_ff))) for d in datasets}
     if resume and checkpoint.exists() and _load_checkpoint(checkpoint, key, partials):
@@ -141,8 +152,10 @@ def run_profile(collector: Collector, datasets: list[Dataset], output: str | os.
         p = partials[d.name]
         for example in d.examples[p.done:]:
             bar.set_postfix_str(d.name)
-            sums, n_tokens = collector.collect(example, max_new_tokens)
+            sums, n_tokens, moments = collector.collect(example, max_new_tokens)
             p.sums += sums
+            if moments is not None:
+                p.moments = moments if p.moments is None else p.moments + moments
             p.tokens += n_tokens
             p.done += 1
             bar.update(1)
@@ -159,17 +172,28 @@ def run_profile(collector: Collector, datasets: list[Dataset], output: str | os.
             raise ValueError(f"dataset '{d.name}' produced no tokens")
         stats.append(DatasetStats(d.name, d.task, d.source, p.done, (p.sums / p.tokens).astype(np.float32),
                                   np.full(info.n_layer, p.tokens, dtype=np.int64)))
-    profile = Profile(info, stats, settings)
+    profile = Profile(info, stats, settings, input_moments=_mean_input_moments(partials.values()))
     profile.save(output)
     checkpoint.unlink(missing_ok=True)
     return profile
 
 
+def _mean_input_moments(partials) -> np.ndarray | None:
+    """E[h h^T] per layer over every profiled token of every dataset (None when not collected)."""
+    partials = [p for p in partials if p.moments is not None]
+    if not partials:
+        return None
+    total = sum(p.moments for p in partials)
+    return (total / sum(p.tokens for p in partials)).astype(np.float32)
+
+
 def profile_model(model_path: str | os.PathLike, dataset_specs: list[str] | None, output: str | os.PathLike, *,
                   max_prompts: int = 40, max_new_tokens: int = 128, n_ctx: int = 2048, n_threads: int = 0,
-                  resume: bool = True, progress: bool = True) -> Profile:
+                  resume: bool = True, progress: bool = True, input_moments: bool = False) -> Profile:
     """Profiles a GGUF file (with the engine) or a Hugging Face checkpoint folder (with
-    transformers) over built-in or user data sets (see tasks.load_dataset)."""
+    transformers) over built-in or user data sets (see tasks.load_dataset). input_moments: also
+    E[h h^T] of each layer's FFN input (n_embd^2 floats per layer), which the converter's gate
+    predictor needs (GGUF files only)."""
     if max_prompts < 1:
         raise ValueError(f"max_prompts must be >= 1, got {max_prompts}")
     datasets = [load_dataset(spec) for spec in (dataset_specs or DEFAULT_DATASETS)]
@@ -178,7 +202,9 @@ def profile_model(model_path: str | os.PathLike, dataset_specs: list[str] | None
     if Path(model_path).is_dir():
         from .hf_profiler import TransformersCollector
 
+        if input_moments:
+            raise ValueError("FFN input moments are collected by the engine only: profile the GGUF file")
         collector = TransformersCollector(model_path, n_threads=n_threads)
     else:
-        collector = EngineCollector(model_path, n_ctx=n_ctx, n_threads=n_threads)
+        collector = EngineCollector(model_path, n_ctx=n_ctx, n_threads=n_threads, input_moments=input_moments)
     return run_profile(collector, datasets, output, max_new_tokens=max_new_tokens, resume=resume, progress=progress)

@@ -3,6 +3,9 @@
 One safetensors file, self-describing:
   tensors   mean_abs/<dataset>  float32 [n_layer, n_ff]  sum_t |a_n(t)| / #tokens, per layer and neuron
             n_tokens/<dataset>  int64   [n_layer]        tokens behind each layer's means
+            input_moments       float32 [n_layer, n_embd, n_embd]  optional: sum_t h(t) h(t)^T / #tokens over
+                                every profiled token, h the layer's FFN input (after ffn_norm); the
+                                converter's gate predictor whitens with it
   metadata  "selectinfer.profile" = JSON: format version, model (digest, file, architecture, n_layer,
             n_ff), datasets (name, task, source, prompts), settings (profiler, max_new_tokens, ...)
 
@@ -24,6 +27,7 @@ from .paths import atomic_path
 FORMAT = "selectinfer-profile"
 FORMAT_VERSION = 1
 META_KEY = "selectinfer.profile"
+MOMENTS_TENSOR = "input_moments"  # optional: old profiles lack it, so FORMAT_VERSION stays 1
 
 
 class ProfileError(ValueError):
@@ -54,6 +58,7 @@ class Profile:
     model: ModelInfo
     datasets: list[DatasetStats]
     settings: dict = field(default_factory=dict)
+    input_moments: np.ndarray | None = None  # float32 [n_layer, n_embd, n_embd], E[h h^T] of each FFN input
 
     # --- merging ------------------------------------------------------------------------------
     def tasks(self) -> list[str]:
@@ -88,6 +93,8 @@ class Profile:
             tensors[f"mean_abs/{d.name}"] = np.ascontiguousarray(d.mean_abs, dtype=np.float32)
             tensors[f"n_tokens/{d.name}"] = np.ascontiguousarray(d.n_tokens, dtype=np.int64)
             meta_datasets.append({"name": d.name, "task": d.task, "source": d.source, "n_prompts": d.n_prompts})
+        if self.input_moments is not None:
+            tensors[MOMENTS_TENSOR] = np.ascontiguousarray(self.input_moments, dtype=np.float32)
         meta = {"format": FORMAT, "version": FORMAT_VERSION, "model": vars(self.model), "datasets": meta_datasets,
                 "settings": self.settings}
         with atomic_path(path) as tmp:
@@ -114,13 +121,28 @@ class Profile:
                 datasets = [DatasetStats(d["name"], d["task"], d["source"], d["n_prompts"],
                                          f.get_tensor(f"mean_abs/{d['name']}"), f.get_tensor(f"n_tokens/{d['name']}"))
                             for d in meta["datasets"]]
+                moments = f.get_tensor(MOMENTS_TENSOR) if MOMENTS_TENSOR in f.keys() else None
         except (SafetensorError, OSError, json.JSONDecodeError, KeyError, TypeError) as e:
             raise ProfileError(f"{path} is not a readable selectinfer profile ({e}); profile the model again") from None
         for d in datasets:
             if d.mean_abs.shape != (model.n_layer, model.n_ff) or d.n_tokens.shape != (model.n_layer,):
                 raise ProfileError(f"{path}: dataset '{d.name}' has shape {d.mean_abs.shape}, expected "
                                    f"{(model.n_layer, model.n_ff)}; the file is corrupt")
-        return cls(model, datasets, meta.get("settings", {}))
+        if moments is not None:
+            _check_moments(path, moments, model.n_layer)
+            moments = moments.astype(np.float32, copy=False)
+        return cls(model, datasets, meta.get("settings", {}), moments)
+
+
+def _check_moments(path: Path, moments: np.ndarray, n_layer: int) -> None:
+    """input_moments must be [n_layer, n_embd, n_embd] and finite (n_embd is not in the metadata)."""
+    shape = tuple(moments.shape)
+    if len(shape) != 3 or shape[0] != n_layer or shape[1] != shape[2]:
+        raise ProfileError(f"{path}: {MOMENTS_TENSOR} has shape {shape}, expected ({n_layer}, n_embd, n_embd); "
+                           "the file is corrupt, profile the model again")
+    if not np.isfinite(moments).all():
+        raise ProfileError(f"{path}: {MOMENTS_TENSOR} holds values that are not finite; the file is corrupt, "
+                           "profile the model again")
 
 
 def ranking(scores: np.ndarray) -> np.ndarray:
