@@ -150,6 +150,36 @@ def test_a_weight_type_the_sparse_ops_lack_is_refused(si_parts, tmp_path):
         Model(write_gguf(tmp_path / "bad.gguf", fields, changed), n_ctx=64)
 
 
+
+def zeros(name, ne):
+    return {"name": name, "data": np.zeros(int(np.prod(ne)), dtype=np.float32).view(np.uint8), "ne": list(ne),
+            "type": Q.F32}
+
+
+@pytest.mark.parametrize("extra,message", [
+    ([zeros("blk.1.ffn_gate_pred_in.weight", [64, 32])], r"blk.1.ffn_gate_pred_in and ffn_gate_pred_out: .* needs both"),
+    ([zeros("blk.1.ffn_gate_pred_out.weight", [32, 128])], r"needs both"),
+    ([zeros("blk.1.ffn_gate_pred_in.weight", [64, 32]), zeros("blk.1.ffn_gate_pred_out.weight", [32, 100])],
+     r"tensor 'blk.1.ffn_gate_pred_out.weight' has wrong shape"),
+    ([zeros("blk.1.ffn_gate_pred_in.weight", [64, 32]), zeros("blk.1.ffn_gate_pred_out.weight", [16, 128])],
+     r"tensor 'blk.1.ffn_gate_pred_out.weight' has wrong shape"),
+])
+def test_a_broken_gate_predictor_is_refused(si_parts, tmp_path, extra, message):
+    _, fields, tensors = si_parts
+    with pytest.raises(ModelLoadError, match=message):
+        Model(write_gguf(tmp_path / "bad.gguf", fields, tensors + extra), n_ctx=64)
+
+
+def test_the_predicted_strategy_needs_every_layer_s_predictor(si_parts, tmp_path):
+    _, fields, tensors = si_parts
+    one_layer = [zeros("blk.1.ffn_gate_pred_in.weight", [64, 32]), zeros("blk.1.ffn_gate_pred_out.weight", [32, 128])]
+    path = write_gguf(tmp_path / "half.gguf", fields, tensors + one_layer)
+    with Model(path, n_ctx=64) as m:  # the other strategies do not read it
+        m.generate(m.tokenize("the capital of"), 2, temperature=0)
+    with pytest.raises(ValueError, match="which layer 2 lacks: convert the model with --predictor-rank"):
+        Model(path, n_ctx=64, strategy="predicted")
+
+
 def test_the_cli_refuses_in_one_line(si_parts, tmp_path, cli):
     _, fields, tensors = si_parts
     path = write_gguf(tmp_path / "bad.gguf", with_fields(fields, selectinfer__format_version=(V.UINT32, 9, None)),
