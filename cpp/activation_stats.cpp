@@ -59,7 +59,7 @@ void ActivationStats::add_to_graph(ggml_context * ctx, ggml_cgraph * gf, ggml_te
 }
 
 void ActivationStats::add_input_to_graph(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il) const {
-    if (!moments_) return;
+    if (!moments_ || x->ne[1] < 2) return;
     ggml_tensor * sum = (*moments_)[il];
     if (x->ne[0] * x->ne[0] != sum->ne[0] || ggml_n_dims(x) > 2 || x->type != GGML_TYPE_F32) {
         throw std::runtime_error("FFN input of layer " + std::to_string(il) + " has an unexpected shape or type");

@@ -2,7 +2,9 @@
 // the input of the down projection. The sums are accumulated inside the graph, in one tensor per
 // layer that lives on that layer's device like the KV cache, so only n_ff floats per layer ever
 // reach the host, on CPU and CUDA alike. On request the sums of h h^T of each layer's FFN input h
-// (after the FFN norm; n_embd^2 floats per layer) too: the converter's gate predictor whitens by them.
+// (after the FFN norm; n_embd^2 floats per layer) too: the converter's gate predictor whitens by
+// them. Those are taken over prompt batches only (more than one token): a decode step's rank-one
+// update would read and write all n_embd^2 sums per layer for one token, many times its weights.
 #pragma once
 
 #include "layer_tensors.h"
@@ -25,7 +27,8 @@ public:
     // Adds sums[il] += sum over tokens of |act| to the graph (act: [n_ff, n_tokens]).
     void add_to_graph(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * act, int il) const;
 
-    // Adds moments[il] += x x^T (x: the FFN input [n_embd, n_tokens]); nothing without moments.
+    // Adds moments[il] += x x^T (x: the FFN input [n_embd, n_tokens]); nothing without moments or
+    // for a single token.
     void add_input_to_graph(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il) const;
 
     // Per-layer sums, copied from the backends (synchronize the context first).

@@ -284,12 +284,13 @@ PYBIND11_MODULE(_native, m) {
              py::arg("reset") = true)
         .def("input_moments",
              [](Engine & e) {
+                 ActivationSums a = e.input_moments();
                  py::list layers;
-                 for (auto & v : e.input_moments()) {
+                 for (auto & v : a.sums) {
                      const auto n = (py::ssize_t) std::lround(std::sqrt((double) v.size()));
                      layers.append(to_array(std::move(v), {n, n}));
                  }
-                 return layers;
+                 return py::make_tuple(layers, a.n_tokens);
              })
         .def("describe", &Engine::describe)
         .def("weight_buffers", &Engine::weight_buffers)

@@ -475,6 +475,7 @@ void Engine::decode_batch(const llama_token * tokens, int32_t n, int32_t pos0, b
     }
     history_.insert(history_.end(), tokens, tokens + n);
     profiled_tokens_ += n;
+    if (n > 1) moment_tokens_ += n;
 }
 
 static void check_tokens(const std::vector<llama_token> & tokens, int32_t n_vocab, int32_t n_ctx, const char * what) {
@@ -667,16 +668,17 @@ ActivationSums Engine::activation_sums(bool reset) {
     if (reset) {
         act_stats_->reset();
         profiled_tokens_ = 0;
+        moment_tokens_ = 0;
     }
     return out;
 }
 
-std::vector<std::vector<float>> Engine::input_moments() {
+ActivationSums Engine::input_moments() {
     if (!act_stats_ || !params_.profile_input_moments) {
         throw std::logic_error("FFN input moments need a model opened with profile=True, profile_input_moments=True");
     }
     llama_synchronize(ctx_);
-    return act_stats_->read_input_moments();
+    return {act_stats_->read_input_moments(), moment_tokens_};
 }
 
 std::map<std::string, uint64_t> Engine::weight_buffers() const {

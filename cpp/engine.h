@@ -72,7 +72,7 @@ struct Stats {
 
 // Profiling results since the last reset: per layer, sum over tokens of |a_n| for each neuron.
 struct ActivationSums {
-    std::vector<std::vector<float>> sums;  // [n_layer][n_ff(il)]
+    std::vector<std::vector<float>> sums;  // [n_layer][n_ff(il)] (input moments: [n_layer][n_embd^2])
     int64_t n_tokens = 0;                  // tokens that passed through every layer
 };
 
@@ -165,9 +165,9 @@ public:
     // --- profiling (ModelParams::profile) ---
     bool profiling() const { return act_stats_ != nullptr; }
     ActivationSums activation_sums(bool reset);  // reset: the input moments too
-    // Per layer, the sum of h h^T over the tokens activation_sums counts (row-major n_embd x n_embd);
-    // needs ModelParams::profile_input_moments.
-    std::vector<std::vector<float>> input_moments();
+    // Per layer, the sum of h h^T over the prompt batches' tokens (row-major n_embd x n_embd), and
+    // their number; needs ModelParams::profile_input_moments.
+    ActivationSums input_moments();
 
 private:
     void check_selection() const;
@@ -184,6 +184,7 @@ private:
     Stats stats_;
     ActivationStats * act_stats_ = nullptr;  // owned by the context's hooks when profiling
     int64_t profiled_tokens_ = 0;
+    int64_t moment_tokens_ = 0;  // of them, in batches of more than one token (activation_stats.h)
     bool all_outputs_ = false;  // every prompt token must reach the last layer (a sparsified one)
 };
 

@@ -402,9 +402,9 @@ def gathered_gate(src, ids, n_static):
 def storage_error(stored, qtype):
     """Per value, how far its storage may have moved it. Q8_0: half a step d = amax/127 of its
     block, plus the F16 rounding of d (127 * 2^-11 d), taken a little wide (0.6 d) and from the
-    stored amax. F16: half an ulp, 2^-11 relative."""
-    if qtype == "F16":
-        return np.abs(stored) * 2.0**-11
+    stored amax. F16: half an ulp, 2^-11 relative; F32: 2^-24."""
+    if qtype in ("F16", "F32"):
+        return np.abs(stored) * 2.0**(-11 if qtype == "F16" else -24)
     amax = np.abs(stored).reshape(stored.shape[0], -1, 32).max(axis=2)
     return np.repeat(0.6 * amax / 127, 32, axis=1)
 
@@ -443,13 +443,13 @@ def test_predictor_tensors_names_shapes_and_types(models, tmp_path):
         pred_in, pred_out = tensors[f"blk.{il}.ffn_gate_pred_in.weight"], tensors[f"blk.{il}.ffn_gate_pred_out.weight"]
         assert [int(d) for d in pred_in.shape] == [256, 64]  # ggml ne
         assert [int(d) for d in pred_out.shape] == [64, n_load - n_static]
-        assert pred_in.tensor_type.name == pred_out.tensor_type.name == "F16"  # beside a float gate
+        assert pred_in.tensor_type.name == pred_out.tensor_type.name == "F32"  # the gate's
         at = names.index(f"blk.{il}.ffn_down_t.weight")  # right after the layer's FFN tensors
         assert names[at + 1: at + 3] == [f"blk.{il}.ffn_gate_pred_in.weight", f"blk.{il}.ffn_gate_pred_out.weight"]
     assert not any(n.startswith("blk.0.") and "_pred_" in n for n in names), "dense layers have no predictor"
     fields = gguf_fields(out)
     assert fields["selectinfer.predictor_rank"][:2] == (GGUFValueType.UINT32, 64)
-    assert "predictor     gate, rank 64 (ffn_gate_pred_in/out, F16)" in inspect(out)
+    assert "predictor     gate, rank 64 (ffn_gate_pred_in/out, F32)" in inspect(out)
     assert "FFN weight types F32\n" in inspect(out)
     tensor_bytes = sum(int(t.n_bytes) for t in tensors.values())
     assert tensor_bytes == estimate_output_bytes(SourceGGUF(src), range(1, 3), n_load, n_static=n_static,
@@ -463,9 +463,9 @@ def test_predictor_tensors_names_shapes_and_types(models, tmp_path):
 
 @pytest.mark.parametrize("weight_type", ["F32", "Q8_0"])
 def test_full_rank_predictor_reproduces_the_gathered_gate(models, tmp_path, weight_type):
-    """R = n_embd: pred_out @ pred_in is W itself, up to the factors' rounding (F16 beside a float
-    gate, Q8_0 beside a quantized one). With random ranking the profile serves only the predictor;
-    with delta 0 every loaded neuron is gathered."""
+    """R = n_embd: pred_out @ pred_in is W itself, up to the factors' rounding (in the gate's type).
+    With random ranking the profile serves only the predictor; with delta 0 every loaded neuron is
+    gathered."""
     src = models("tiny-llama", weight_type)
     prof = moments_profile(src, tmp_path / "p.safetensors")
     for static_ratio in (0.25, 0.0):
@@ -478,7 +478,7 @@ def test_full_rank_predictor_reproduces_the_gathered_gate(models, tmp_path, weig
             w = expected[il]
             assert pred_out.shape == (576 - n_static, 256)
             err = np.abs(pred_out @ pred_in - w)
-            bound = product_error_bound(pred_in, pred_out, "F16" if weight_type == "F32" else "Q8_0")
+            bound = product_error_bound(pred_in, pred_out, weight_type)
             assert np.all(err <= bound + 1e-9 * np.abs(w).max()), (il, err.max())
             print(f"{weight_type} delta {static_ratio} layer {il}: max |error| {err.max() / np.abs(w).max():.1e} "
                   "of max |W|")
@@ -503,7 +503,7 @@ def test_low_rank_predictor_is_the_whitened_best_approximation(models, tmp_path)
         expected = whitened_low_rank(w, moments[il], rank)
         got = pred_out @ pred_in
         err = np.abs(got - expected)
-        assert np.all(err <= product_error_bound(pred_in, pred_out, "F16") + 1e-8 * np.abs(expected).max()), \
+        assert np.all(err <= product_error_bound(pred_in, pred_out, "F32") + 1e-8 * np.abs(expected).max()), \
             (il, err.max())
 
         def mean_square_error(m):  # E|(W - M) h|^2 = tr((W - M) C (W - M)^T)
@@ -518,8 +518,8 @@ def test_low_rank_predictor_is_the_whitened_best_approximation(models, tmp_path)
 
 
 def test_rows_of_partial_blocks_are_stored_as_f16(tmp_path):
-    """n_embd 80 (not whole blocks of 32): pred_in in F16 whatever the gate's type, as predictor_type
-    says; the product is still the whitened best approximation."""
+    """n_embd 80 (not whole blocks of 32): a quantized gate's predictor rows of 80 are F16, as
+    predictor_type says; the product is still the whitened best approximation."""
     src = tmp_path / "narrow.gguf"
     make_model(src, "tiny-llama", weight_type="F32", seed=4, n_embd=80, n_ff=256, n_head=2, n_head_kv=1, n_layer=3)
     moments = synthetic_moments(n_embd=80, n_tokens=800)
@@ -530,15 +530,18 @@ def test_rows_of_partial_blocks_are_stored_as_f16(tmp_path):
     convert(src, out, profile=tmp_path / "p.safetensors", task="qa", load_ratio=0.75, static_ratio=0.25, layers="0:3",
             predictor_rank=32, progress=False)
     types = {t.name: t.tensor_type.name for t in GGUFReader(str(out)).tensors}
-    assert types["blk.1.ffn_gate_pred_in.weight"] == "F16"
+    assert types["blk.1.ffn_gate_pred_in.weight"] == "F32"  # beside an F32 gate
     assert predictor_type(80, GGMLQuantizationType.Q8_0) == GGMLQuantizationType.F16
     assert predictor_type(32, GGMLQuantizationType.Q4_K) == GGMLQuantizationType.Q8_0
+    assert predictor_type(64, GGMLQuantizationType.Q4_1) == GGMLQuantizationType.Q4_1
+    assert predictor_type(3072, GGMLQuantizationType.Q4_K) == GGMLQuantizationType.Q4_K
+    assert predictor_type(576, GGMLQuantizationType.BF16) == GGMLQuantizationType.F16
     expected_w = gathered_gate(src, kept_ids(out), 64)
     for il, (pred_in, pred_out) in stored_predictors(out).items():
         assert pred_in.shape == (32, 80) and pred_out.shape == (128, 32)
         expected = whitened_low_rank(expected_w[il], moments[il], 32)
         err = np.abs(pred_out @ pred_in - expected)
-        assert np.all(err <= product_error_bound(pred_in, pred_out, "F16") + 1e-8 * np.abs(expected).max()), \
+        assert np.all(err <= product_error_bound(pred_in, pred_out, "F32") + 1e-8 * np.abs(expected).max()), \
             (il, err.max())
 
 

@@ -25,8 +25,8 @@ Optionally (predictor_rank R > 0, from a profile with FFN input moments C = E[h 
 layer also holds a rank-R predictor of its gathered neurons' gate, pred_out @ (pred_in @ h), the
 best rank-R approximation of W h (W: the gathered gate rows) in the mean square over the profiled
 inputs: W C^{1/2} = U S V^T, pred_in = V_R^T C^{-1/2} (`blk.N.ffn_gate_pred_in`, ne [n_embd, R]),
-pred_out = U_R S_R (`blk.N.ffn_gate_pred_out`, ne [R, n_gathered]); F16 beside a float gate, else
-Q8_0 (F16 where a row is not whole blocks of 32), right after the layer's FFN tensors; `selectinfer.predictor_rank` holds R.
+pred_out = U_R S_R (`blk.N.ffn_gate_pred_out`, ne [R, n_gathered]); in the gate's type as ffn_down_t
+is (predictor_type), right after the layer's FFN tensors; `selectinfer.predictor_rank` holds R.
 """
 from __future__ import annotations
 
@@ -269,10 +269,10 @@ class ConvertResult:
 
 
 def predictor_type(n_per_row: int, gate_type: int) -> int:
-    """The type of a predictor tensor with rows of n_per_row values: F16 beside a float gate, else
-    Q8_0 where the rows are whole blocks (F16 where not)."""
-    exact = gate_type in EXACT_TYPES or n_per_row % 32 != 0
-    return int(GGMLQuantizationType.F16 if exact else GGMLQuantizationType.Q8_0)
+    """The type of a predictor tensor with rows of n_per_row values: the gate's, as ffn_down_t's
+    (down_t_type: Q8_0 or F16 where the rows are not whole blocks of it), so that it costs per
+    weight what the rows it stands for cost."""
+    return down_t_type(gate_type, n_per_row)
 
 
 def _predictor_tensors(gate: dict, plan: LayerPlan, rank: int) -> list[OutputTensor]:
@@ -342,11 +342,11 @@ def gate_predictor(gate: np.ndarray, moments: np.ndarray, rank: int) -> tuple[np
 
 
 def _encode_predictor(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
-    """Predictor rows in their type (predictor_type): Q8_0 blocks by gguf-py's quantizer, or F16."""
-    from gguf.quants import quantize
-
+    """Predictor rows in their type (predictor_type), by ggml's own quantizer."""
     values = np.ascontiguousarray(values, dtype=np.float32)
-    return values.astype(np.float16) if qtype == GGMLQuantizationType.F16 else quantize(values, qtype)
+    if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+        return values.astype(np.float32 if qtype == GGMLQuantizationType.F32 else np.float16)
+    return _native.quantize_rows(int(qtype), values)
 
 
 class _Predictors:

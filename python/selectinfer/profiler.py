@@ -31,13 +31,15 @@ CHECKPOINT_EVERY = 8  # prompts
 
 class Collector(Protocol):
     """Runs one example through a model and returns per-layer sum |a| ([n_layer, n_ff]), the tokens,
-    and when `input_moments` is set the per-layer sum of h h^T ([n_layer, n_embd, n_embd]; else None)."""
+    and when `input_moments` is set the per-layer sum of h h^T ([n_layer, n_embd, n_embd]) with the
+    number of tokens behind it (else None)."""
 
     info: ModelInfo
     name: str
     input_moments: bool
 
-    def collect(self, example: dict, max_new_tokens: int) -> tuple[np.ndarray, int, np.ndarray | None]: ...
+    def collect(self, example: dict, max_new_tokens: int) -> tuple[np.ndarray, int, tuple[np.ndarray, int] | None]:
+        ...
 
 
 class EngineCollector:
@@ -62,7 +64,7 @@ class EngineCollector:
             n_layer=len(layers), n_ff=widths[0])
         self.truncated_prompts = 0
 
-    def collect(self, example: dict, max_new_tokens: int) -> tuple[np.ndarray, int, np.ndarray | None]:
+    def collect(self, example: dict, max_new_tokens: int) -> tuple[np.ndarray, int, tuple[np.ndarray, int] | None]:
         m = self.model
         if "input_ids" in example:  # pre-tokenized
             tokens = list(example["input_ids"])
@@ -77,7 +79,10 @@ class EngineCollector:
         m.engine.clear()  # every prompt token must pass through the model, none reused from the cache
         for _ in m.stream(tokens, max_new_tokens, temperature=0):
             pass
-        moments = np.stack(m.input_moments()).astype(np.float64) if self.input_moments else None
+        moments = None
+        if self.input_moments:  # (the prompt's tokens: see Model.input_moments)
+            layers, n_moment_tokens = m.input_moments()
+            moments = np.stack(layers).astype(np.float64), n_moment_tokens
         sums, n_tokens = m.activation_sums(reset=True)
         return np.stack(sums).astype(np.float64), n_tokens, moments
 
@@ -88,6 +93,7 @@ class _Partial:
     tokens: int = 0
     done: int = 0
     moments: np.ndarray | None = None  # float64 [n_layer, n_embd, n_embd], sum of h h^T, when collected
+    moment_tokens: int = 0             # the tokens behind it
 
 
 def _run_key(info: ModelInfo, datasets: list[Dataset], settings: dict) -> str:
@@ -104,6 +110,7 @@ def _save_checkpoint(path: Path, key: str, partials: dict[str, _Partial]) -> Non
         arrays[f"count/{name}"] = np.array([p.tokens, p.done], dtype=np.int64)
         if p.moments is not None:
             arrays[f"moments/{name}"] = p.moments
+            arrays[f"moment_tokens/{name}"] = np.array([p.moment_tokens], dtype=np.int64)
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
             np.savez(f, **arrays)
@@ -119,6 +126,7 @@ def _load_checkpoint(path: Path, key: str, partials: dict[str, _Partial]) -> boo
                 p.tokens, p.done = (int(v) for v in data[f"count/{name}"])
                 if f"moments/{name}" in data:
                     p.moments = data[f"moments/{name}"]
+                    p.moment_tokens = int(data[f"moment_tokens/{name}"][0])
     except (OSError, KeyError, ValueError):
         return False
     return True
@@ -155,7 +163,8 @@ def run_profile(collector: Collector, datasets: list[Dataset], output: str | os.
             sums, n_tokens, moments = collector.collect(example, max_new_tokens)
             p.sums += sums
             if moments is not None:
-                p.moments = moments if p.moments is None else p.moments + moments
+                p.moments = moments[0] if p.moments is None else p.moments + moments[0]
+                p.moment_tokens += moments[1]
             p.tokens += n_tokens
             p.done += 1
             bar.update(1)
@@ -179,12 +188,14 @@ def run_profile(collector: Collector, datasets: list[Dataset], output: str | os.
 
 
 def _mean_input_moments(partials) -> np.ndarray | None:
-    """E[h h^T] per layer over every profiled token of every dataset (None when not collected)."""
+    """E[h h^T] per layer over the prompt tokens of every dataset (None when not collected)."""
     partials = [p for p in partials if p.moments is not None]
     if not partials:
         return None
-    total = sum(p.moments for p in partials)
-    return (total / sum(p.tokens for p in partials)).astype(np.float32)
+    n_tokens = sum(p.moment_tokens for p in partials)
+    if n_tokens == 0:
+        raise ValueError("no prompt of more than one token: the FFN input moments have no tokens")
+    return (sum(p.moments for p in partials) / n_tokens).astype(np.float32)
 
 
 def profile_model(model_path: str | os.PathLike, dataset_specs: list[str] | None, output: str | os.PathLike, *,
