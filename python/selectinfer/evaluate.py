@@ -7,7 +7,7 @@ Configurations (all made from the source model, cached in OUT/models/):
   selectinfer        SelectInfer files at each gamma (profile ranking), every loaded neuron computed
                      (loaded-only) and at each phi in [delta, gamma], by each selection rule
                      (SELECTION_RULES: frequency by value or magnitude, sum-magnitude, fixed,
-                     gate-guided);
+                     gate-guided, predicted: the files then carry a gate predictor, --predictor-rank);
                      also built from the quantized files (--si-quants);
   coreinfer          gamma 1, delta 0 (every neuron loaded, the whole choice per prompt) at each phi;
   random             random loading at the middle gamma, loaded-only and at the middle phi.

@@ -86,7 +86,7 @@ class Model:
         profile_input_moments: with profile, also the FFN inputs' h h^T (see `input_moments`).
         strategy, compute_ratio, token_ratio, select_by, dense, coreinfer: selective computation of
             a SelectInfer GGUF (how a prompt chooses its neurons: "frequency", the method's,
-            "sum-magnitude", "fixed" or "gate-guided"; phi; alpha; "value" or "magnitude" for frequency; compute
+            "sum-magnitude", "fixed", or per decode step "gate-guided" or "predicted"; phi; alpha; "value" or "magnitude" for frequency; compute
             every loaded neuron; CoreInfer mode: no static neurons, for a gamma = 1, delta = 0
             file); a value given here overrides the SELECTINFER_* environment variables, None keeps
             them (or the file's defaults).
@@ -233,7 +233,7 @@ class Model:
     # --- selective computation ------------------------------------------------------------
     def selected_neurons(self) -> dict[int, np.ndarray]:
         """Per SelectInfer layer, the rows (neurons of the file) that decode steps compute (empty
-        for the gate-guided strategy, whose decode steps each choose their own)."""
+        for the gate-guided and predicted strategies, whose decode steps each choose their own)."""
         return {il: np.asarray(ids, dtype=np.int32) for il, ids in self.engine.selected_neurons()}
 
     def selection_config(self) -> dict:
