@@ -321,7 +321,8 @@ def test_gate_guided_strategy_matches_reference(si_model):
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-gemma3"])
 def predicted_si_model(request, tmp_path_factory):
     # the profile is a safetensors file: its Rust extension is x86-64 only in the aarch64 (qemu) run
-    pytest.importorskip("safetensors.numpy", reason="safetensors' extension does not load on this interpreter")
+    pytest.importorskip("safetensors.numpy", reason="safetensors' extension does not load on this interpreter",
+                        exc_type=ImportError)
     return make_predicted_si_model(tmp_path_factory.mktemp("predicted"), seed=11, layers="1:3", shape=request.param)
 
 
