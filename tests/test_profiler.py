@@ -11,18 +11,23 @@ from selectinfer.profiles import DatasetStats, ModelInfo, Profile, ProfileError,
 from selectinfer.tasks import Dataset, load_dataset, load_user_dataset
 
 
-def reference_abs_sums(path, tokens):
-    """Per layer sum over tokens of |act(gate) * up| from the numpy forward pass."""
+def reference_ffn_steps(path, tokens):
+    """Per layer, the FFN input h [T, n_embd] and activations act(gate) * up [T, n_ff] of the numpy
+    forward pass."""
     ref = ReferenceModel.load(path)
     x = ref.embed(tokens)
     positions = np.arange(len(tokens))
-    sums = []
     for il in range(ref.n_layer):
         x = ref.attention_block(x, il, positions)
-        act = ref.ffn_activations(ref.ffn_input(x, il), il)
-        sums.append(np.abs(act).sum(axis=0))
+        h = ref.ffn_input(x, il)
+        act = ref.ffn_activations(h, il)
+        yield h, act
         x = ref.ffn_block(x, il, act)
-    return np.stack(sums)
+
+
+def reference_abs_sums(path, tokens):
+    """Per layer sum over tokens of |act(gate) * up| from the numpy forward pass."""
+    return np.stack([np.abs(act).sum(axis=0) for _, act in reference_ffn_steps(path, tokens)])
 
 
 @pytest.mark.parametrize("shape,weight_type,bound", [
@@ -48,16 +53,7 @@ def test_activation_sums_match_numpy(tiny_model, shape, weight_type, bound):
 
 def reference_input_moments(path, tokens):
     """Per layer sum over tokens of h h^T, h the FFN input, from the numpy forward pass."""
-    ref = ReferenceModel.load(path)
-    x = ref.embed(tokens)
-    positions = np.arange(len(tokens))
-    moments = []
-    for il in range(ref.n_layer):
-        x = ref.attention_block(x, il, positions)
-        h = ref.ffn_input(x, il)
-        moments.append(h.T @ h)
-        x = ref.ffn_block(x, il, ref.ffn_activations(h, il))
-    return np.stack(moments)
+    return np.stack([h.T @ h for h, _ in reference_ffn_steps(path, tokens)])
 
 
 @pytest.mark.parametrize("shape,weight_type,bound", [
