@@ -166,6 +166,23 @@ PYBIND11_MODULE(_native, m) {
     py::list strategies;  // the names SelectionOverrides.strategy takes
     for (Strategy s : kStrategies) strategies.append(strategy_name(s));
     m.attr("STRATEGIES") = py::tuple(strategies);
+    m.attr("LAYER_BUDGETS") = py::make_tuple(layer_budgets_name(LayerBudgets::uniform),
+                                             layer_budgets_name(LayerBudgets::profile));
+    m.def(
+        "layer_budget_sizes",
+        [](const std::vector<std::tuple<int64_t, int64_t, double, std::vector<float>>> & layers, float compute_ratio,
+           int64_t n_original, const std::string & budgets) {
+            const std::optional<LayerBudgets> b = layer_budgets_named(budgets);
+            if (!b) throw py::value_error("layer budgets must be " + std::string(kLayerBudgetNames) + ", got '" + budgets + "'");
+            std::vector<LayerBudgetInput> inputs;
+            for (const auto & [n_load, n_min, neuron_bytes, shares] : layers) {
+                inputs.push_back({n_load, n_min, neuron_bytes, shares});
+            }
+            return layer_budget_sizes(inputs, compute_ratio, n_original, *b);
+        },
+        py::arg("layers"), py::arg("compute_ratio"), py::arg("n_original"), py::arg("budgets"),
+        "the neurons each SelectInfer layer computes at decode (layer_budgets.h): layers are (n_load, n_min, "
+        "neuron_bytes, shares) tuples");
 
     py::class_<SelectionOverrides>(m, "SelectionOverrides")
         .def(py::init<>())
@@ -182,6 +199,18 @@ PYBIND11_MODULE(_native, m) {
                 }
             })
         .def_readwrite("compute_ratio", &SelectionOverrides::compute_ratio)
+        .def_property(
+            "layer_budgets",
+            [](const SelectionOverrides & o) -> std::optional<std::string> {
+                if (!o.layer_budgets) return std::nullopt;
+                return std::string(layer_budgets_name(*o.layer_budgets));
+            },
+            [](SelectionOverrides & o, const std::optional<std::string> & name) {
+                o.layer_budgets = name ? layer_budgets_named(*name) : std::nullopt;
+                if (name && !o.layer_budgets) {
+                    throw py::value_error("layer budgets must be " + std::string(kLayerBudgetNames) + ", got '" + *name + "'");
+                }
+            })
         .def_readwrite("token_ratio", &SelectionOverrides::token_ratio)
         .def_readwrite("by_magnitude", &SelectionOverrides::by_magnitude)
         .def_readwrite("dense", &SelectionOverrides::dense)
@@ -260,11 +289,13 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("profiling", &Engine::profiling)
         .def_property_readonly("selective", &Engine::selective)
         .def("selected_neurons", &Engine::selected_neurons)
+        .def("computed_counts", &Engine::computed_counts)
         .def("selection_config", [](const Engine & e) {
             SelectionConfig c = e.selection_config();
             py::dict d;
             d["strategy"] = strategy_name(c.strategy);
             d["compute_ratio"] = c.compute_ratio;
+            d["layer_budgets"] = layer_budgets_name(c.layer_budgets);
             d["token_ratio"] = c.token_ratio;
             d["select_by"] = c.by_magnitude ? "magnitude" : "value";
             d["dense"] = c.dense;

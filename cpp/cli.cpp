@@ -47,6 +47,8 @@ const char * kUsage =
     "  -sys, --system-prompt TEXT  system message in chat mode\n"
     "  -fa,  --flash-attn on|off|auto  flash attention (default auto)\n"
     "        --compute-ratio PHI   SelectInfer: neurons computed per layer at decode, of the original N\n"
+    "        --layer-budgets uniform|profile  SelectInfer: phi N neurons in every layer (default), or the\n"
+    "                              same bytes shared out by the file's profile (more where its mass is spread)\n"
     "        --token-ratio ALPHA   SelectInfer: per-token top-k fraction for the selection (0, 1]\n"
     "        --strategy NAME       SelectInfer: how decode's neurons are chosen: frequency (default) or\n"
     "                              sum-magnitude by the prompt, fixed (the best-ranked loaded ones), or\n"
@@ -116,6 +118,13 @@ CliArgs parse_args(int argc, char ** argv) {
         }
         else if (a == "--compute-ratio") args.model.selection.compute_ratio = parse_number<float>(a, value(i));
         else if (a == "--token-ratio") args.model.selection.token_ratio = parse_number<float>(a, value(i));
+        else if (a == "--layer-budgets") {
+            const std::string v = value(i);
+            args.model.selection.layer_budgets = layer_budgets_named(v);
+            if (!args.model.selection.layer_budgets) {
+                usage_error("invalid value '" + v + "' for --layer-budgets (" + kLayerBudgetNames + ")");
+            }
+        }
         else if (a == "--strategy") {
             const std::string v = value(i);
             args.model.selection.strategy = strategy_named(v);

@@ -653,6 +653,16 @@ std::vector<std::pair<int, std::vector<int32_t>>> Engine::selected_neurons() con
     return out;
 }
 
+std::vector<std::pair<int, int>> Engine::computed_counts() const {
+    const auto & sel = context_hooks(ctx_).selection;
+    if (!sel) throw std::logic_error("not a SelectInfer model: nothing is selected");
+    std::vector<std::pair<int, int>> out;
+    const auto layers = sel->layers();
+    const auto counts = sel->computed_counts();
+    for (size_t i = 0; i < layers.size(); ++i) out.emplace_back(layers[i], counts[i]);
+    return out;
+}
+
 SelectionConfig Engine::selection_config() const {
     const auto & sel = context_hooks(ctx_).selection;
     if (!sel) throw std::logic_error("not a SelectInfer model");

@@ -160,6 +160,8 @@ public:
     bool selective() const;
     // per SelectInfer layer: (layer index, rows computed at decode)
     std::vector<std::pair<int, std::vector<int32_t>>> selected_neurons() const;
+    // per SelectInfer layer: (layer index, neurons computed at a decode step)
+    std::vector<std::pair<int, int>> computed_counts() const;
     SelectionConfig selection_config() const;
 
     // --- profiling (ModelParams::profile) ---

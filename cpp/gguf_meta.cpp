@@ -114,6 +114,10 @@ void set_key(gguf_context * ctx, const NewKey & k) {
             std::vector<int32_t> d(v.begin(), v.end());
             gguf_set_arr_data(ctx, key, GGUF_TYPE_INT32, d.data(), d.size());
         }
+    } else if (k.type == "arr_f32") {
+        const auto & v = std::get<std::vector<double>>(k.value);
+        std::vector<float> d(v.begin(), v.end());
+        gguf_set_arr_data(ctx, key, GGUF_TYPE_FLOAT32, d.data(), d.size());
     } else {
         throw std::invalid_argument("unknown GGUF key type '" + k.type + "' for " + k.key);
     }

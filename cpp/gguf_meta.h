@@ -33,7 +33,7 @@ GgufHeader read_gguf_header(const std::string & path);
 
 struct NewKey {
     std::string key;
-    std::string type;  // "u32", "i32", "f32", "str", "arr_u32", "arr_i32"
+    std::string type;  // "u32", "i32", "f32", "str", "arr_u32", "arr_i32", "arr_f32"
     GgufValue   value;
 };
 

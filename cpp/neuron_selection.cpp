@@ -69,6 +69,7 @@ std::optional<Strategy> strategy_named(const std::string & name) {
 SelectionConfig SelectionOverrides::applied_to(SelectionConfig c) const {
     if (strategy) c.strategy = *strategy;
     if (compute_ratio) c.compute_ratio = *compute_ratio;
+    if (layer_budgets) c.layer_budgets = *layer_budgets;
     if (token_ratio) c.token_ratio = *token_ratio;
     if (by_magnitude) c.by_magnitude = *by_magnitude;
     if (dense) c.dense = *dense;
@@ -85,6 +86,12 @@ SelectionOverrides SelectionOverrides::from_environment() {
         }
     }
     o.compute_ratio = env_float("SELECTINFER_COMPUTE_RATIO");
+    if (const char * name = std::getenv("SELECTINFER_LAYER_BUDGETS"); name && *name) {
+        o.layer_budgets = layer_budgets_named(name);
+        if (!o.layer_budgets) {
+            throw std::invalid_argument(std::string("SELECTINFER_LAYER_BUDGETS='") + name + "': use " + kLayerBudgetNames);
+        }
+    }
     o.token_ratio = env_float("SELECTINFER_TOKEN_RATIO");
     if (const char * by = std::getenv("SELECTINFER_SELECT_BY"); by && *by) {
         if (std::strcmp(by, "value") != 0 && std::strcmp(by, "magnitude") != 0) {
@@ -149,6 +156,15 @@ NeuronSelection::NeuronSelection(const llama_model * model, const SiModelInfo & 
         l.il = il;
         l.n_load = n_load;
         l.n_static = info.n_static.at(il);
+        const llama_layer & w = model->layers[il];
+        ggml_tensor * gate = l.n_static > 0 ? w.ffn_gate_dyn : w.ffn_gate;  // null when every neuron is static
+        ggml_tensor * up = l.n_static > 0 ? w.ffn_up_dyn : w.ffn_up;
+        const int64_t n_embd = model->hparams.n_embd;
+        if (gate && up && w.ffn_down_t) {
+            l.gate_row_bytes = (double) ggml_row_size(gate->type, n_embd);
+            l.neuron_bytes = l.gate_row_bytes + (double) ggml_row_size(up->type, n_embd) +
+                             (double) ggml_row_size(w.ffn_down_t->type, n_embd);
+        }
         layer_index_[il] = (int) layers_.size();
         layers_.push_back(l);
     }
@@ -168,9 +184,19 @@ void NeuronSelection::check_settings(const llama_model * model, const SelectionO
 void NeuronSelection::apply(const SelectionConfig & cfg) {
     validate(cfg);
     config_ = cfg;
-    for (Layer & l : layers_) {
-        l.n_select = std::max({1, l.n_static, std::min(l.n_load, (int) std::lround(cfg.compute_ratio * info_.n_original))});
+    std::vector<LayerBudgetInput> inputs;
+    for (const Layer & l : layers_) {
+        LayerBudgetInput in;
+        in.n_load = l.n_load;
+        in.n_min = std::max(1, l.n_static);
+        // gate_guided reads every loaded neuron's gate row anyway: a computed neuron adds its up and down
+        in.neuron_bytes = cfg.strategy == Strategy::gate_guided ? l.neuron_bytes - l.gate_row_bytes : l.neuron_bytes;
+        if (!(in.neuron_bytes > 0)) in.neuron_bytes = 1;  // every neuron static: nothing to share out
+        if (cfg.layer_budgets == LayerBudgets::profile) in.shares = info_.neuron_shares.at(l.il);
+        inputs.push_back(std::move(in));
     }
+    const std::vector<int64_t> sizes = layer_budget_sizes(inputs, cfg.compute_ratio, info_.n_original, cfg.layer_budgets);
+    for (size_t i = 0; i < layers_.size(); ++i) layers_[i].n_select = (int) sizes[i];
     allocate();
 }
 
@@ -204,6 +230,11 @@ void NeuronSelection::validate(const SelectionConfig & cfg) const {
                                             "(and a profile made with --input-moments)");
             }
         }
+    }
+    if (cfg.layer_budgets == LayerBudgets::profile && info_.neuron_shares.empty()) {
+        throw std::invalid_argument("per-layer budgets from the profile need the neuron shares a profile-ranked file "
+                                    "holds: convert the model with --profile (and --ranking profile), or use "
+                                    "uniform budgets");
     }
     if (!(cfg.token_ratio > 0 && cfg.token_ratio <= 1)) {
         std::ostringstream msg;
@@ -432,6 +463,12 @@ std::vector<std::vector<int32_t>> NeuronSelection::selected() const {
 
 bool NeuronSelection::sparsifies_last_layer() const {
     return !layers_.empty() && layers_.back().il == (int) model_->layers.size() - 1;
+}
+
+std::vector<int> NeuronSelection::computed_counts() const {
+    std::vector<int> out;
+    for (const Layer & l : layers_) out.push_back(config_.dense ? l.n_load : l.n_select);
+    return out;
 }
 
 std::vector<int> NeuronSelection::layers() const {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "layer_budgets.h"
 #include "layer_tensors.h"
 #include "selection_strategy.h"
 #include "si_gguf.h"
@@ -34,7 +35,9 @@ struct SiModelInfo;
 // SELECTINFER_* environment, then the caller's SelectionOverrides).
 struct SelectionConfig {
     Strategy strategy   = Strategy::frequency;
-    float compute_ratio = -1;    // phi, fraction of the original N computed per layer
+    float compute_ratio = -1;    // phi, fraction of the original N computed per layer (uniform budgets),
+                                 // or on average over the layers at the same bytes (profile budgets)
+    LayerBudgets layer_budgets = LayerBudgets::uniform;  // how phi is shared out over the layers
     float token_ratio   = -1;    // alpha, k = round(alpha * mean positive activations)
     bool  by_magnitude  = false; // frequency: rank a token's neurons by |a| instead of a
     bool  dense         = false; // compute every loaded neuron (no selection)
@@ -47,6 +50,7 @@ struct SelectionConfig {
 struct SelectionOverrides {
     std::optional<Strategy> strategy;
     std::optional<float> compute_ratio;
+    std::optional<LayerBudgets> layer_budgets;
     std::optional<float> token_ratio;
     std::optional<bool>  by_magnitude;
     std::optional<bool>  dense;
@@ -55,10 +59,12 @@ struct SelectionOverrides {
     // Whether these ask for selective computation at all (settings that only restate the default do not).
     bool ask_for_selection() const {
         return (strategy && *strategy != Strategy::frequency) || compute_ratio || token_ratio ||
+               (layer_budgets && *layer_budgets != LayerBudgets::uniform) ||
                by_magnitude.value_or(false) || dense.value_or(false) || coreinfer.value_or(false);
     }
     SelectionConfig applied_to(SelectionConfig config) const;
-    // SELECTINFER_STRATEGY, _COMPUTE_RATIO, _TOKEN_RATIO, _SELECT_BY (value|magnitude), _DENSE, _COREINFER (0|1);
+    // SELECTINFER_STRATEGY, _COMPUTE_RATIO, _LAYER_BUDGETS (uniform|profile), _TOKEN_RATIO,
+    // _SELECT_BY (value|magnitude), _DENSE, _COREINFER (0|1);
     // throws std::invalid_argument naming a malformed variable.
     static SelectionOverrides from_environment();
 };
@@ -171,6 +177,9 @@ public:
     // The neurons (rows of the layer's FFN matrices) each SelectInfer layer computes at decode
     // (none for gate_guided and predicted, whose decode steps choose their own).
     std::vector<std::vector<int32_t>> selected() const;
+    // The neurons each SelectInfer layer computes at a decode step, static ones included (every
+    // strategy; the layer budgets' sizes).
+    std::vector<int> computed_counts() const;
     std::vector<int> layers() const;
     // The last layer sees only the output tokens of a prompt: a caller that wants its selection
     // made from every prompt token asks for every token's output (the engine does).
@@ -182,6 +191,8 @@ private:
         int n_load = 0;
         int n_static = 0;  // the file's, always computed (none in a file for CoreInfer mode)
         int n_select = 0;
+        double neuron_bytes = 0;       // weight bytes a decode step reads per computed neuron (gate, up, down)
+        double gate_row_bytes = 0;     // of which its gate row (read for every loaded neuron by gate_guided)
     };
     NeuronSelection(const llama_model * model, const SiModelInfo & info);
     void apply(const SelectionConfig & config);

@@ -28,6 +28,7 @@ constexpr const char * kStaticCount  = "selectinfer.static_count";
 constexpr const char * kLayers       = "selectinfer.layers";
 constexpr const char * kStaticCounts = "selectinfer.static_counts";
 constexpr const char * kNeuronIds    = "selectinfer.neuron_ids.";  // + layer
+constexpr const char * kNeuronShares = "selectinfer.neuron_shares.";  // + layer; optional (profile-ranked files)
 
 [[noreturn]] void refuse(const std::string & what) {
     throw std::runtime_error("invalid SelectInfer GGUF: " + what + "; convert the model again with `selectinfer convert`");
@@ -124,6 +125,16 @@ public:
         return out;
     }
 
+    std::vector<float> floats(const std::string & key) const {
+        const int64_t id = find(key);
+        if (gguf_get_kv_type(meta_, id) != GGUF_TYPE_ARRAY) refuse(key + " is not an array");
+        const gguf_type t = gguf_get_arr_type(meta_, id);
+        if (t != GGUF_TYPE_FLOAT32) refuse(key + " is an array of " + gguf_type_name(t) + ", not of f32");
+        const size_t n = gguf_get_arr_n(meta_, id);
+        const float * data = n ? (const float *) gguf_get_arr_data(meta_, id) : nullptr;
+        return std::vector<float>(data, data + n);
+    }
+
 private:
     int64_t find(const std::string & key) const {
         const int64_t id = gguf_find_key(meta_, key.c_str());
@@ -210,6 +221,26 @@ void check_neuron_ids(const Metadata & m, int il, int64_t n_load, int64_t n_orig
     }
 }
 
+// A layer's neuron shares (layer_budgets.h): one per loaded neuron, finite, in [0, 1], largest
+// first, summing to at most 1 (shares of the layer's mass, unloaded neurons included).
+std::vector<float> read_neuron_shares(const Metadata & m, int il, int64_t n_load) {
+    const std::string key = layer_key(kNeuronShares, il);
+    std::vector<float> shares = m.floats(key);
+    if ((int64_t) shares.size() != n_load) {
+        refuse(key + " has " + std::to_string(shares.size()) + " shares for the " + std::to_string(n_load) +
+               " neurons of layer " + std::to_string(il));
+    }
+    double sum = 0;
+    for (size_t i = 0; i < shares.size(); ++i) {
+        const float v = shares[i];
+        if (!std::isfinite(v) || v < 0.0f || v > 1.0f) refuse(key + " holds " + std::to_string(v) + ", not a share in [0, 1]");
+        if (i > 0 && v > shares[i - 1]) refuse(key + " is not in decreasing order");
+        sum += v;
+    }
+    if (sum > 1.0 + 1e-3) refuse(key + " sums to " + std::to_string(sum) + ", more than the layer's whole mass");
+    return shares;
+}
+
 }  // namespace
 
 std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model, const llama_model_loader & loader) {
@@ -284,8 +315,18 @@ std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model,
                    (static_count >= 0 ? ", " + std::string(kStaticCount) + " = " + std::to_string(static_count) : "") + ")");
         }
         check_neuron_ids(m, (int) il, n_load, info->n_original);
+        if (m.has(layer_key(kNeuronShares, (int) il))) {
+            info->neuron_shares[(int) il] = read_neuron_shares(m, (int) il, n_load);
+        }
         info->n_load[(int) il] = (int32_t) n_load;
         info->n_static[(int) il] = (int32_t) n_static;
+    }
+    if (!info->neuron_shares.empty() && info->neuron_shares.size() != info->n_load.size()) {
+        for (const auto & [il, n] : info->n_load) {
+            if (!info->neuron_shares.count(il)) {
+                refuse(layer_key(kNeuronShares, il) + " is missing, but other layers have their shares");
+            }
+        }
     }
     for (int il = 0; il < n_layer; ++il) {
         if ((model.layers[il].ffn_down_t || model.layers[il].ffn_down_static) && !info->n_load.count(il)) {

@@ -40,6 +40,8 @@ struct SiModelInfo {
     std::optional<Strategy> strategy;  // the selection strategy the file suggests; none: the engine's default
     std::map<int, int32_t> n_static;  // SelectInfer layer -> static neurons (rows 0..n_static-1)
     std::map<int, int32_t> n_load;    // SelectInfer layer -> loaded neurons (rows of its FFN tensors)
+    std::map<int, std::vector<float>> neuron_shares;  // every SelectInfer layer or none: the profile's shares
+                                                      // of its mass, largest first (layer_budgets.h)
 };
 
 // For a model llama.cpp has just loaded: null for a dense model, otherwise the validated

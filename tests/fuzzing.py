@@ -91,9 +91,16 @@ class Base:
 
     @classmethod
     def make(cls, root: Path) -> "Base":
-        _, si = make_si_model(root, seed=13, layers="1:3", n_ff=256)
+        _, random_ranked = make_si_model(root, seed=13, layers="1:3", n_ff=256)
         from selectinfer import _native
 
+        # with neuron shares, as a profile-ranked file holds them, so that mutants reach their checks
+        fields = gguf_fields(random_ranked)
+        for il in fields["selectinfer.layers"][1]:
+            n_load = len(fields[f"selectinfer.neuron_ids.{il}"][1])
+            shares = [0.8 / n_load * (2 - r / n_load) / 1.5 for r in range(n_load)]
+            fields[f"selectinfer.neuron_shares.{il}"] = (V.ARRAY, shares, V.FLOAT32)
+        si = write_gguf(root / "si-shares.gguf", fields, gguf_tensors(random_ranked))
         header = _native.read_gguf_header(str(si))
         return cls(si, gguf_fields(si), gguf_tensors(si), si.read_bytes(), int(header["data_offset"]))
 
@@ -141,14 +148,15 @@ def mutant(base: Base, rng: random.Random, kind: str, out: Path) -> Path | None:
 
 
 # The child: load each file, generate a few tokens (a prompt that selects, then sparse decode
-# steps), print one line per case. Any Python exception is a clean refusal.
+# steps; every other case with the profile's per-layer budgets), print one line per case. Any
+# Python exception is a clean refusal.
 WORKER = r"""
 import sys
 from selectinfer import Model
-for line in sys.stdin:
+for i, line in enumerate(sys.stdin):
     path = line.strip()
     try:
-        with Model(path, n_ctx=64, n_threads=2) as m:
+        with Model(path, n_ctx=64, n_threads=2, layer_budgets="profile" if i % 2 else None) as m:
             m.generate("the capital of", max_tokens=3, temperature=0)
         print("ran", flush=True)
     except Exception as e:

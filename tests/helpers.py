@@ -196,3 +196,20 @@ def i32(a):
 
 def out_f32(raw, shape):
     return np.frombuffer(raw, dtype=np.float32).reshape(shape)
+
+
+def file_budget_inputs(path, strategy: str | None = None) -> tuple[list[int], list[tuple[int, int, float, list[float]]], int]:
+    """A SelectInfer file's layers as the per-layer budgets weigh them, read with gguf-py: (layer
+    ids, [(n_load, n_min, bytes a computed neuron reads, shares)], N). gate-guided reads every
+    loaded gate row anyway, so its neurons cost their up and down rows."""
+    fields = gguf_fields(path)
+    nbytes = {t["name"]: len(t["data"]) for t in gguf_tensors(path)}
+    layers = list(fields["selectinfer.layers"][1])
+    inputs = []
+    for il, n_static in zip(layers, fields["selectinfer.static_counts"][1]):
+        n_load = len(fields[f"selectinfer.neuron_ids.{il}"][1])
+        gate, up = (nbytes[f"blk.{il}.{m}.weight"] / n_load for m in ("ffn_gate", "ffn_up"))
+        down = nbytes[f"blk.{il}.ffn_down_t.weight"] / (n_load - n_static)
+        shares = list(fields.get(f"selectinfer.neuron_shares.{il}", (None, []))[1])
+        inputs.append((n_load, max(1, n_static), up + down if strategy == "gate-guided" else gate + up + down, shares))
+    return layers, inputs, int(fields["selectinfer.original_feed_forward_length"][1])

@@ -210,3 +210,29 @@ def reference_select(act: np.ndarray, n_static: int, n_dynamic: int, alpha: floa
     for start in range(0, act.shape[0], n_batch):
         counts = reference_count(act[start:start + n_batch], alpha, by_magnitude, counts)
     return reference_choose(counts, n_static, n_dynamic)
+
+
+# --- per-layer budgets, written plainly ------------------------------------------------------
+
+def reference_uniform_size(phi: float, n_original: int, n_load: int, n_min: int) -> int:
+    """phi N in float32, rounded half away from zero, within [n_min, n_load]."""
+    wanted = int(np.floor(float(np.float32(phi) * np.float32(n_original)) + 0.5))
+    return max(min(n_min, n_load), min(n_load, wanted))
+
+
+def reference_layer_budgets(layers: list[tuple[int, int, float, list[float]]], phi: float, n_original: int) -> list[int]:
+    """The profile's per-layer budgets: layers are (n_load, n_min, bytes per neuron, shares largest
+    first). Every layer starts at n_min; then all the other neurons of all layers, by share per byte
+    (largest first, ties to the lower layer, then the lower neuron), each taken while the bytes
+    stay within what the uniform sizes read."""
+    budget = sum(reference_uniform_size(phi, n_original, n, m) * b for n, m, b, _ in layers)
+    sizes = [min(m, n) for n, m, _, _ in layers]
+    spent = sum(s * b for s, (_, _, b, _) in zip(sizes, layers))
+    candidates = sorted((-float(np.float32(shares[r])) / b, il, r)
+                        for il, (n, _, b, shares) in enumerate(layers) for r in range(sizes[il], n))
+    for _, il, r in candidates:
+        b = layers[il][2]
+        if r == sizes[il] and spent + b <= budget * (1 + 1e-9):
+            sizes[il] += 1
+            spent += b
+    return sizes

@@ -153,6 +153,12 @@ def test_profile_ranking_layout(models, tmp_path):
     assert field(r, "selectinfer.task") == "qa"
     assert field(r, "selectinfer.profile_digest") == sha256_file(tmp_path / "p.safetensors")
     assert field(r, "selectinfer.source_digest") == sha256_file(src)
+    scores = prof.model_scores().astype(np.float64)
+    for il, ids in kept_ids(out).items():  # each kept neuron's share of its layer's model-wide mass, largest first
+        key = f"selectinfer.neuron_shares.{il}"
+        shares, expected = np.asarray(field(r, key)), -np.sort(-scores[il][ids]) / scores[il].sum()
+        assert r.get_field(key).types[-1] == GGUFValueType.FLOAT32 and np.allclose(shares, expected, rtol=1e-6, atol=0)
+        assert 0.5 < shares.sum() < 1  # half the neurons kept, of random scores
     text = inspect(out)
     assert "task 'qa'" in text and "load (gamma) 0.500" in text and "layers 0..2 (3 of 3)" in text
     assert "a dense model" in inspect(src)

@@ -135,16 +135,22 @@ def test_predictor_grid_runs_the_predicted_strategy(tiny_model, tmp_path):
                   input_moments=True)
     report, _ = evaluate.run_eval(source, tmp_path / "eval", profile=profile, task="text", gammas=[0.75], phis=[0.5],
                                   select_by=["predicted", "value"], quants=[], si_quants=[], baselines=False,
-                                  predictor_rank=32, tasks=[], speed_rounds=1, n_prompt=8, n_gen=4, n_threads=1,
-                                  progress=False)
+                                  predictor_rank=32, layer_budgets=["uniform", "profile"], tasks=[], speed_rounds=1,
+                                  n_prompt=8, n_gen=4, n_threads=1, progress=False)
     rows = report["configurations"]
     assert [r["label"] for r in rows if "error" in r] == []
-    assert [r.get("select_by") for r in rows] == [None, None, "predicted", "value"]
+    assert [r.get("select_by") for r in rows] == [None, None, "predicted", "predicted", "value", "value"]
+    assert [r["model_kwargs"].get("layer_budgets") for r in rows[2:]] == [None, "profile"] * 2
+    assert rows[3]["label"].endswith("predicted profile budgets")
     path = Path(rows[1]["path"])
     assert path.stem.endswith("si75p32")
     # the predictor is read by the predicted strategy only
     assert rows[2]["read_bytes_per_token"] == bytes_read_per_token(path, 0.5, "predicted")
-    assert rows[3]["read_bytes_per_token"] < rows[2]["read_bytes_per_token"] < rows[1]["read_bytes_per_token"]
+    assert rows[4]["read_bytes_per_token"] < rows[2]["read_bytes_per_token"] < rows[1]["read_bytes_per_token"]
+    for uniform, profile in ((rows[2], rows[3]), (rows[4], rows[5])):  # the same bytes, shared out otherwise
+        strategy = uniform["model_kwargs"].get("strategy")
+        assert profile["read_bytes_per_token"] == bytes_read_per_token(path, 0.5, strategy, "profile")
+        assert 0 <= uniform["read_bytes_per_token"] - profile["read_bytes_per_token"] < 3 * 64 * 4  # one F32 neuron
 
 
 def test_unknown_task_and_too_few_examples(tiny_model, tmp_path):

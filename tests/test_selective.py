@@ -3,8 +3,9 @@ decode against the reference with the same masks, phi = gamma against dense-over
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader
-from helpers import make_predicted_si_model, make_si_model
-from reference import ReferenceModel, reference_select, reference_sum_magnitude
+from helpers import file_budget_inputs, make_predicted_si_model, make_si_model
+from reference import (ReferenceModel, reference_layer_budgets, reference_select, reference_sum_magnitude,
+                       reference_uniform_size)
 
 from selectinfer import Model, ModelLoadError
 from selectinfer.convert import convert
@@ -260,9 +261,10 @@ def test_the_files_strategy_is_its_default_and_settings_override_it(tmp_path, mo
     assert selections(strategy="fixed") == [{1: best_ranked, 2: best_ranked}] * 3
 
 
-def forward_step_chosen(ref: ReferenceModel, tokens, n_prompt, n_static, n_select, si_layers, score_of):
-    """Logits of the reference where each position >= n_prompt of a SelectInfer layer computes the
-    static neurons and the n_select - n_static others with the largest score_of(il, h, gate) (h: the
+def forward_step_chosen(ref: ReferenceModel, tokens, n_prompt, n_static, n_select: dict, score_of):
+    """Logits of the reference where each position >= n_prompt of a SelectInfer layer il (the keys
+    of n_select) computes the static neurons and the n_select[il] - n_static others with the largest
+    score_of(il, h, gate) (h: the
     token's FFN input, gate: its gate of every loaded neuron; one score per gathered neuron; ties to
     the lower row); also the smallest gap at that boundary, relative to the token's largest score."""
     x = ref.embed(tokens)
@@ -273,11 +275,11 @@ def forward_step_chosen(ref: ReferenceModel, tokens, n_prompt, n_static, n_selec
         h = ref.ffn_input(x, il)
         gate, up = ref.gate_up(h, il)
         act = ref.act(gate) * up
-        if il in si_layers:
+        if il in n_select:
             for t in range(n_prompt, len(tokens)):
                 score = score_of(il, h[t], gate[t])
                 order = sorted(range(len(score)), key=lambda i: (-score[i], i))
-                k = n_select - n_static
+                k = n_select[il] - n_static
                 margin = min(margin, (score[order[k - 1]] - score[order[k]]) / score[order[0]])
                 keep = np.zeros(act.shape[1], dtype=bool)
                 keep[:n_static] = True
@@ -287,16 +289,27 @@ def forward_step_chosen(ref: ReferenceModel, tokens, n_prompt, n_static, n_selec
     return ref.logits(x), margin
 
 
-def check_step_chosen(path, strategy, score_of):
+def expected_counts(path, phi: float, strategy: str | None, layer_budgets: str) -> dict[int, int]:
+    """The neurons each SelectInfer layer of a file computes at decode, by the numpy reference."""
+    layers, inputs, n_original = file_budget_inputs(path, strategy)
+    if layer_budgets == "uniform":
+        sizes = [reference_uniform_size(phi, n_original, n_load, n_min) for n_load, n_min, _, _ in inputs]
+    else:
+        sizes = reference_layer_budgets(inputs, phi, n_original)
+    return dict(zip(layers, sizes))
+
+
+def check_step_chosen(path, strategy, score_of, layer_budgets="uniform"):
     """Decode steps of `strategy` against forward_step_chosen (phi 0.4, gamma 0.75, delta 0.25,
-    layers 1..2): returns the logits."""
+    layers 1..2; each layer's count by the reference's budgets): returns the logits."""
     ref = ReferenceModel.load(path)
-    n_static, n_select = round(0.25 * 256), round(0.4 * 256)
-    with Model(path, n_ctx=128, strategy=strategy, compute_ratio=0.4) as m:
+    n_static, n_select = round(0.25 * 256), expected_counts(path, 0.4, strategy, layer_budgets)
+    with Model(path, n_ctx=128, strategy=strategy, compute_ratio=0.4, layer_budgets=layer_budgets) as m:
+        assert m.computed_counts() == n_select
         for text in PROMPTS:
             prompt = m.tokenize(text)
             tokens, logits = decode(m, prompt, 4)
-            ref_logits, margin = forward_step_chosen(ref, prompt + tokens, len(prompt), n_static, n_select, {1, 2},
+            ref_logits, margin = forward_step_chosen(ref, prompt + tokens, len(prompt), n_static, n_select,
                                                      lambda il, h, gate: score_of(ref, il, h, gate, n_static))
             if margin > 2e-5:  # no float-level near-tie at any step's boundary
                 break
@@ -305,7 +318,7 @@ def check_step_chosen(path, strategy, score_of):
         assert {il: ids.tolist() for il, ids in m.selected_neurons().items()} == {1: [], 2: []}
     expected_logits = ref_logits[len(prompt): len(prompt) + 4]
     assert np.abs(logits - expected_logits).max() < 2e-3 * np.abs(expected_logits).max()
-    with Model(path, n_ctx=128, compute_ratio=0.4) as m:  # the per-prompt choice decodes otherwise
+    with Model(path, n_ctx=128, compute_ratio=0.4, layer_budgets=layer_budgets) as m:  # the prompt's choice differs
         _, by_prompt = decode(m, prompt, 4)
     assert np.abs(by_prompt - logits).max() > 1e-3
     return logits
@@ -315,7 +328,7 @@ def test_gate_guided_strategy_matches_reference(si_model):
     """strategy="gate-guided": each decode step computes gate over every loaded neuron, then up and
     down for the static ones and the phi N - n_static others with the largest |act(gate)| of that
     token; the prompt chooses nothing."""
-    check_step_chosen(si_model, "gate-guided", lambda ref, il, h, gate, n_static: np.abs(ref.act(gate[n_static:])))
+    check_step_chosen(si_model, "gate-guided", gate_score)
 
 
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-gemma3"])
@@ -326,17 +339,81 @@ def predicted_si_model(request, tmp_path_factory):
     return make_predicted_si_model(tmp_path_factory.mktemp("predicted"), seed=11, layers="1:3", shape=request.param)
 
 
+def predicted_score(ref, il, h, gate, n_static):
+    p = f"blk.{il}.ffn_gate_pred_"
+    return np.abs(ref.act(ref.weights[p + "out.weight"] @ (ref.weights[p + "in.weight"] @ h)))
+
+
+def gate_score(ref, il, h, gate, n_static):
+    return np.abs(ref.act(gate[n_static:]))
+
+
 def test_predicted_strategy_matches_reference(predicted_si_model):
     """strategy="predicted": each decode step scores the gathered neurons by |act(pred_out @ pred_in
     @ h)| (the file's low-rank gate predictor), then gate, up and down for the static ones and the
     phi N - n_static best; the prompt chooses nothing."""
-    def predicted(ref, il, h, gate, n_static):
-        p = f"blk.{il}.ffn_gate_pred_"
-        return np.abs(ref.act(ref.weights[p + "out.weight"] @ (ref.weights[p + "in.weight"] @ h)))
-
     types = {t.name: t.tensor_type for t in GGUFReader(str(predicted_si_model)).tensors if "_pred_" in t.name}
     assert set(types.values()) == {GGMLQuantizationType.F32} and len(types) == 4  # the gate's type
-    check_step_chosen(predicted_si_model, "predicted", predicted)
+    check_step_chosen(predicted_si_model, "predicted", predicted_score)
+
+
+# --- per-layer budgets (a profile-ranked file: the predicted fixture) ----------------------------
+
+@pytest.mark.parametrize("strategy", ["frequency", "gate-guided", "predicted"])
+def test_profile_budgets_share_out_the_same_bytes(predicted_si_model, strategy):
+    """layer_budgets="profile": each layer's count is the reference's greedy share-out of the uniform
+    sizes' bytes by the file's neuron shares; the layers' counts differ, their bytes do not grow."""
+    uniform = expected_counts(predicted_si_model, 0.4, strategy, "uniform")
+    with Model(predicted_si_model, n_ctx=64, compute_ratio=0.4, strategy=strategy, layer_budgets="profile") as m:
+        counts = m.computed_counts()
+        assert m.selection_config()["layer_budgets"] == "profile"
+    assert counts == expected_counts(predicted_si_model, 0.4, strategy, "profile")
+    assert counts != uniform and sum(counts.values()) == sum(uniform.values())  # the layers' rows cost the same
+    with Model(predicted_si_model, n_ctx=64, compute_ratio=0.4, strategy=strategy) as m:
+        assert m.computed_counts() == uniform
+
+
+def test_profile_budgets_selection_and_decode_match_reference(predicted_si_model):
+    """The frequency strategy with the profile's budgets: each layer's prompt selection is the
+    reference's with that layer's count, and decode computes just those neurons."""
+    ref = ReferenceModel.load(predicted_si_model)
+    counts = expected_counts(predicted_si_model, 0.4, "frequency", "profile")
+    with Model(predicted_si_model, n_ctx=128) as m:
+        candidates = [m.tokenize(p) for p in PROMPTS]
+    for prompt in candidates:
+        _, acts = forward_with_masks(ref, prompt, len(prompt), {}, set())
+        acts = {il: a for il, a in acts.items() if il in counts}
+        if top_k_margin(acts, 0.2, False) > 2e-5:
+            break
+    else:
+        pytest.fail("every candidate prompt has a near-tie at a top-k boundary")
+    with Model(predicted_si_model, n_ctx=128, compute_ratio=0.4, layer_budgets="profile") as m:
+        tokens, logits = decode(m, prompt, 4)
+        selected = m.selected_neurons()
+    n_static = round(0.25 * 256)
+    for il, ids in selected.items():
+        assert ids.tolist() == reference_select(acts[il], n_static, counts[il] - n_static, 0.2, False), f"layer {il}"
+    ref_logits, _ = forward_with_masks(ref, prompt + tokens, len(prompt), selected, set(selected))
+    expected_logits = ref_logits[len(prompt): len(prompt) + 4]
+    assert np.abs(logits - expected_logits).max() < 2e-3 * np.abs(expected_logits).max()
+
+
+@pytest.mark.parametrize("strategy,score_of", [("gate-guided", gate_score), ("predicted", predicted_score)],
+                         ids=["gate-guided", "predicted"])
+def test_step_strategies_with_profile_budgets_match_reference(predicted_si_model, strategy, score_of):
+    check_step_chosen(predicted_si_model, strategy, score_of, layer_budgets="profile")
+
+
+def test_profile_budgets_need_the_files_shares(si_model, monkeypatch):
+    """A randomly ranked file has no profile shares: asking for its per-layer budgets says so, from
+    Model(...) and from the environment."""
+    with pytest.raises(ValueError, match="per-layer budgets from the profile need the neuron shares"):
+        Model(si_model, layer_budgets="profile")
+    monkeypatch.setenv("SELECTINFER_LAYER_BUDGETS", "profile")
+    with pytest.raises(ValueError, match="per-layer budgets from the profile need the neuron shares"):
+        Model(si_model)
+    with Model(si_model, layer_budgets="uniform") as m:  # the caller's setting wins over the environment
+        assert m.selection_config()["layer_budgets"] == "uniform"
 
 
 def test_predicted_strategy_needs_a_predictor(si_model):
@@ -443,7 +520,7 @@ def test_explicit_settings_override_the_environment(si_model, monkeypatch):
     with Model(si_model, compute_ratio=0.3, select_by="value", dense=False, coreinfer=False) as m:
         cfg = m.selection_config()
     assert cfg == {"strategy": "frequency", "compute_ratio": pytest.approx(0.3), "token_ratio": pytest.approx(0.2),
-                   "select_by": "value", "dense": False, "coreinfer": False}
+                   "select_by": "value", "dense": False, "coreinfer": False, "layer_budgets": "uniform"}
     with pytest.raises((ValueError, ModelLoadError), match="CoreInfer mode"):  # the environment's, on this file
         Model(si_model)
     monkeypatch.delenv("SELECTINFER_COREINFER")
@@ -457,6 +534,7 @@ def test_explicit_settings_override_the_environment(si_model, monkeypatch):
     ("SELECTINFER_STRATEGY", "best", "SELECTINFER_STRATEGY='best': use frequency, sum-magnitude, fixed, gate-guided or predicted"),
     ("SELECTINFER_COMPUTE_RATIO", "0.4x", "SELECTINFER_COMPUTE_RATIO='0.4x' is not a number"),
     ("SELECTINFER_TOKEN_RATIO", "nan", "SELECTINFER_TOKEN_RATIO='nan' is not a number"),
+    ("SELECTINFER_LAYER_BUDGETS", "even", "SELECTINFER_LAYER_BUDGETS='even': use uniform or profile"),
     ("SELECTINFER_COMPUTE_RATIO", "0.9", r"compute ratio \(phi\) 0.9 must lie between"),
 ])
 def test_bad_environment_knobs(si_model, monkeypatch, name, value, match):
@@ -473,6 +551,7 @@ def test_bad_environment_knobs(si_model, monkeypatch, name, value, match):
     ({"select_by": "size"}, "select_by must be"),
     ({"strategy": "best"}, "strategy must be frequency, sum-magnitude, fixed, gate-guided or predicted, got 'best'"),
     ({"strategy": "fixed", "select_by": "magnitude"}, "the fixed strategy does not rank tokens"),
+    ({"layer_budgets": "even"}, "layer budgets must be uniform or profile, got 'even'"),
 ])
 def test_bad_knobs(si_model, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -493,6 +572,10 @@ def test_cli_knobs(cli, si_model, tiny_model):
         assert ok.returncode == 0, ok.stderr
     unknown = cli("-m", si_model, "-p", "the capital", "--strategy", "best")
     assert unknown.returncode != 0 and "invalid value 'best' for --strategy" in unknown.stderr
+    unknown = cli("-m", si_model, "-p", "the capital", "--layer-budgets", "even")
+    assert unknown.returncode != 0 and "invalid value 'even' for --layer-budgets (uniform or profile)" in unknown.stderr
+    no_shares = cli("-m", si_model, "-p", "the capital", "--layer-budgets", "profile")
+    assert no_shares.returncode == 1 and "need the neuron shares" in no_shares.stderr
     bad = cli("-m", si_model, "-p", "the capital", "--compute-ratio", "0.95")
     assert bad.returncode == 1 and "compute ratio (phi)" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
@@ -501,11 +584,14 @@ def test_cli_knobs(cli, si_model, tiny_model):
 
 
 def test_python_counts_the_computed_neurons_as_the_engine_does(si_model):
-    """The benchmark's bytes-read yardstick counts the neurons a layer computes with the engine's
-    rule (lround of phi * N in float32), at every phi a file allows."""
-    from selectinfer.bench import computed_neurons
+    """The benchmark's bytes-read yardstick counts the neurons a layer computes as the engine does
+    (lround of phi * N in float32), at every phi a file allows."""
+    from selectinfer import _native
+    from selectinfer.bench import computed_neurons, layer_counts
 
+    header = _native.read_gguf_header(str(si_model))
     for phi in (0.25, 0.2501, 0.3, 0.333, 0.4, 0.5, 0.61, 0.75):
         with Model(si_model, n_ctx=64, compute_ratio=phi) as m:
             engine = {len(ids) for ids in m.selected_neurons().values()}
-        assert engine == {computed_neurons(phi, 256, 192)}, phi
+            assert m.computed_counts() == layer_counts(header, phi)
+        assert engine == {computed_neurons(phi, 256, 192)} == {reference_uniform_size(phi, 256, 192, 64)}, phi

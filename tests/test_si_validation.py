@@ -91,6 +91,45 @@ def test_bad_neuron_ids_are_refused(si_parts, tmp_path, edit, message):
         Model(write_gguf(tmp_path / "bad.gguf", changed, tensors), n_ctx=64)
 
 
+GOOD_SHARES = (np.linspace(0.008, 0.001, 192) / 1.0).astype(np.float32).tolist()  # sums to 0.86
+
+
+@pytest.mark.parametrize("layer1,layer2,message", [
+    (GOOD_SHARES[:-1], GOOD_SHARES, r"selectinfer.neuron_shares.1 has 191 shares for the 192 neurons of layer 1"),
+    (GOOD_SHARES[::-1], GOOD_SHARES, r"selectinfer.neuron_shares.1 is not in decreasing order"),
+    ([float("nan")] + GOOD_SHARES[1:], GOOD_SHARES, r"selectinfer.neuron_shares.1 holds -?nan, not a share in \[0, 1\]"),
+    (GOOD_SHARES, [2.0] + GOOD_SHARES[1:], r"selectinfer.neuron_shares.2 holds 2.0+, not a share"),
+    (GOOD_SHARES, [-0.0001] * 192, r"selectinfer.neuron_shares.2 holds -0.0001"),
+    ([0.9] * 2 + GOOD_SHARES[2:], GOOD_SHARES, r"selectinfer.neuron_shares.1 sums to 2.6\d+, more than the layer's whole mass"),
+    ([1] * 192, GOOD_SHARES, r"selectinfer.neuron_shares.1 is an array of i32, not of f32"),
+    (GOOD_SHARES, None, r"selectinfer.neuron_shares.2 is missing, but other layers have their shares"),
+    (None, GOOD_SHARES, r"selectinfer.neuron_shares.1 is missing, but other layers have their shares"),
+])
+def test_bad_neuron_shares_are_refused(si_parts, tmp_path, layer1, layer2, message):
+    _, fields, tensors = si_parts
+
+    changes = {f"selectinfer__neuron_shares__{il}": arr(values, V.INT32 if isinstance(values[0], int) else V.FLOAT32)
+               for il, values in ((1, layer1), (2, layer2)) if values is not None}
+    changed = with_fields(fields, **changes)
+    with pytest.raises(ModelLoadError, match=message):
+        Model(write_gguf(tmp_path / "bad.gguf", changed, tensors), n_ctx=64)
+
+
+def test_good_neuron_shares_give_per_layer_budgets(si_parts, tmp_path):
+    """The same shares in both layers share the bytes out evenly; one layer's heavier head draws more."""
+    _, fields, tensors = si_parts
+    even = with_fields(fields, selectinfer__neuron_shares__1=arr(GOOD_SHARES, V.FLOAT32),
+                       selectinfer__neuron_shares__2=arr(GOOD_SHARES, V.FLOAT32))
+    with Model(write_gguf(tmp_path / "even.gguf", even, tensors), n_ctx=64, compute_ratio=0.4, layer_budgets="profile") as m:
+        assert m.computed_counts() == {1: 102, 2: 102}
+    flat = [0.86 / 192] * 192
+    uneven = with_fields(even, selectinfer__neuron_shares__2=arr(flat, V.FLOAT32))
+    with Model(write_gguf(tmp_path / "uneven.gguf", uneven, tensors), n_ctx=64, compute_ratio=0.4,
+               layer_budgets="profile") as m:
+        counts = m.computed_counts()
+    assert sum(counts.values()) == 204 and counts[1] != counts[2]
+
+
 def test_ffn_down_t_without_metadata_is_refused(si_parts, tmp_path):
     _, fields, tensors = si_parts
     dense_keys = {k: v for k, v in fields.items() if not k.startswith("selectinfer.")}
@@ -213,13 +252,14 @@ def test_the_reader_and_the_writer_agree_on_the_keys(si_parts):
     import re
     from pathlib import Path
 
-    from selectinfer.convert import SI_FORMAT_VERSION
+    from selectinfer.convert import NEURON_SHARES_KEY, SI_FORMAT_VERSION
 
     source = (Path(__file__).resolve().parent.parent / "cpp" / "si_gguf.cpp").read_text()
     keys = re.findall(r'constexpr const char \* k\w+ += "(selectinfer\.[\w.]+)"', source)
     _, fields, _ = si_parts
     assert len(keys) >= 10
-    for key in keys:
+    assert NEURON_SHARES_KEY in keys  # written only by a profile ranking, which this random-ranked file lacks
+    for key in (k for k in keys if k != NEURON_SHARES_KEY):
         if key.endswith("."):  # per-layer keys: selectinfer.neuron_ids.<layer>
             assert any(k.startswith(key) for k in fields), key
         else:

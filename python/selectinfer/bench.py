@@ -68,11 +68,12 @@ class BenchConfig:
 
 def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, repeats: int = 5,
               n_threads: int = 0, profiling: bool = False, compute_ratios: list[float] | None = None,
-              strategies: list[str] | None = None, repack: tuple[bool, ...] = (True,),
-              n_gpu_layers: int = 0) -> list[BenchResult]:
+              strategies: list[str] | None = None, layer_budgets: list[str] | None = None,
+              repack: tuple[bool, ...] = (True,), n_gpu_layers: int = 0) -> list[BenchResult]:
     """Benchmarks each model side by side. profiling=True adds each model with profiling on;
     compute_ratios runs each SelectInfer model densely over its loaded neurons and at each phi
-    within its [delta, gamma], with each of `strategies` (None: the file's);
+    within its [delta, gamma], with each of `strategies` (None: the file's) and of `layer_budgets`
+    (None: uniform);
     repack=(True, False) runs every configuration with and without ggml's weight repacking;
     n_gpu_layers: layers on the GPU (a CUDA build), -1 all."""
     configs = []
@@ -86,10 +87,12 @@ def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, r
                 if not kv["selectinfer.static_ratio"] - eps <= phi <= kv["selectinfer.load_ratio"] + eps:
                     continue
                 for strategy in strategies or [None]:
-                    kwargs = {"compute_ratio": phi, **({"strategy": strategy} if strategy else {})}
-                    label = f"{name} (phi {phi}{' ' + strategy if strategy else ''})"
-                    configs.append(BenchConfig(label, p, kwargs,
-                                               _bytes_read(header, phi, strategy)))
+                    for budgets in layer_budgets or ["uniform"]:
+                        kwargs = {"compute_ratio": phi, **({"strategy": strategy} if strategy else {}),
+                                  **({"layer_budgets": budgets} if budgets != "uniform" else {})}
+                        label = (f"{name} (phi {phi}{' ' + strategy if strategy else ''}"
+                                 f"{'' if budgets == 'uniform' else ', ' + budgets + ' budgets'})")
+                        configs.append(BenchConfig(label, p, kwargs, _bytes_read(header, phi, strategy, budgets)))
         else:
             configs.append(BenchConfig(name, p, {}, _bytes_read(header)))
         if profiling:
@@ -127,13 +130,14 @@ def run_configs(configs: list[BenchConfig], *, n_prompt: int = 64, n_gen: int = 
             m.close()
 
 
-def bytes_read_per_token(path, compute_ratio: float | None = None, strategy: str | None = None) -> int:
+def bytes_read_per_token(path, compute_ratio: float | None = None, strategy: str | None = None,
+                         layer_budgets: str = "uniform") -> int:
     """Weight bytes one decode step reads, the yardstick of a memory-bound decode:
     every matrix once, the token embedding only where it is also the output projection (tied);
-    in a SelectInfer layer at compute ratio phi only the FFN rows computed (phi N of n_load), but
+    in a SelectInfer layer at compute ratio phi only the FFN rows computed (layer_counts), but
     every loaded row of the gate with the gate-guided strategy, and the gate predictor (read only by
     the predicted strategy) in full."""
-    return _bytes_read(_native.read_gguf_header(str(path)), compute_ratio, strategy)
+    return _bytes_read(_native.read_gguf_header(str(path)), compute_ratio, strategy, layer_budgets)
 
 
 _SI_FFN = re.compile(r"blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down_static|ffn_down_t)\.weight")
@@ -141,17 +145,38 @@ _GATE_PREDICTOR = re.compile(r"blk\.\d+\.ffn_gate_pred_(in|out)\.weight")
 
 
 def computed_neurons(compute_ratio: float, n_original: int, n_load: int) -> int:
-    """Neurons a SelectInfer layer computes at decode, as the engine counts them
-    (cpp/neuron_selection.cpp: lround of phi * N in float32, at most the loaded ones)."""
-    product = float(np.float32(compute_ratio) * np.float32(n_original))
-    return min(n_load, int(math.floor(product + 0.5)))
+    """Neurons a SelectInfer layer computes at decode with uniform budgets, by the engine's rule
+    (cpp/layer_budgets.cpp: lround of phi * N in float32, at most the loaded ones, at least one)."""
+    return _native.layer_budget_sizes([(n_load, 1, 1.0, [])], compute_ratio, n_original, "uniform")[0]
 
 
-def _bytes_read(header: dict, compute_ratio: float | None = None, strategy: str | None = None) -> int:
+def layer_counts(header: dict, compute_ratio: float, strategy: str | None = None,
+                 layer_budgets: str = "uniform") -> dict[int, int]:
+    """Per SelectInfer layer of a file (its header), the neurons a decode step computes, as the
+    engine counts them (cpp/layer_budgets.cpp, with the bytes per neuron the engine weighs)."""
+    kv = header["kv"]
+    sizes = {t["name"]: t["nbytes"] for t in header["tensors"]}
+    widths = kv.get(f"{kv.get('general.architecture')}.feed_forward_length")
+    layers = list(kv.get("selectinfer.layers") or [])
+    inputs = []
+    for il, n_static in zip(layers, kv.get("selectinfer.static_counts") or []):
+        n_load = int(widths[il])
+        n_gathered = n_load - n_static
+        gate, up = (sizes[f"blk.{il}.{m}.weight"] / n_load for m in ("ffn_gate", "ffn_up"))
+        down = sizes[f"blk.{il}.ffn_down_t.weight"] / n_gathered if n_gathered else 0
+        neuron_bytes = (up + down if strategy == "gate-guided" else gate + up + down) if n_gathered else 1.0
+        shares = list(kv.get(f"selectinfer.neuron_shares.{il}") or []) if layer_budgets == "profile" else []
+        inputs.append((n_load, max(1, n_static), neuron_bytes, shares))
+    counts = _native.layer_budget_sizes(inputs, compute_ratio, int(kv["selectinfer.original_feed_forward_length"]),
+                                        layer_budgets)
+    return dict(zip(layers, counts))
+
+
+def _bytes_read(header: dict, compute_ratio: float | None = None, strategy: str | None = None,
+                layer_budgets: str = "uniform") -> int:
     kv = header["kv"]
     tensors = {t["name"]: t for t in header["tensors"]}
-    n_original = int(kv.get("selectinfer.original_feed_forward_length", 0))
-    si_layers = set(kv.get("selectinfer.layers") or [])
+    counts = layer_counts(header, compute_ratio, strategy, layer_budgets) if compute_ratio is not None else {}
     widths = kv.get(f"{kv.get('general.architecture')}.feed_forward_length")
     total = 0
     for name, t in tensors.items():
@@ -162,9 +187,9 @@ def _bytes_read(header: dict, compute_ratio: float | None = None, strategy: str 
         nbytes = t["nbytes"]
         ffn = _SI_FFN.fullmatch(name)
         partial = ffn and not (strategy == "gate-guided" and ffn.group(2) == "ffn_gate")
-        if compute_ratio is not None and partial and int(ffn.group(1)) in si_layers:  # an FFN matrix of a SelectInfer layer
+        if partial and int(ffn.group(1)) in counts:  # an FFN matrix of a SelectInfer layer
             n_load = int(widths[int(ffn.group(1))])  # the same bytes per neuron in every part of it
-            nbytes = nbytes * computed_neurons(compute_ratio, n_original, n_load) // n_load
+            nbytes = nbytes * counts[int(ffn.group(1))] // n_load
         total += nbytes
     return total
 

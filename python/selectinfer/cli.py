@@ -28,7 +28,8 @@ def _cmd_bench(args: argparse.Namespace) -> None:
     repack = {"on": (True,), "off": (False,), "both": (True, False)}[args.repack]
     results = run_bench(args.models, n_prompt=args.n_prompt, n_gen=args.n_gen, repeats=args.repeats,
                         n_threads=args.threads, profiling=args.profiling, compute_ratios=args.compute_ratios,
-                        strategies=args.strategies, repack=repack, n_gpu_layers=args.gpu_layers)
+                        strategies=args.strategies, layer_budgets=args.layer_budgets, repack=repack,
+                        n_gpu_layers=args.gpu_layers)
     print(f"n_prompt {args.n_prompt}, n_gen {args.n_gen}, {args.repeats} interleaved rounds, "
           f"threads {args.threads or 'all'}" + (f", GPU layers {args.gpu_layers}" if args.gpu_layers else ""))
     print(format_table(results))
@@ -146,7 +147,8 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         tasks=tasks, n=args.n, n_threads=args.threads, speed_rounds=args.speed_rounds, n_prompt=args.n_prompt,
         n_gen=args.n_gen, memory_limit_bytes=parse_size(args.memory_limit) if args.memory_limit else None,
         repack=not args.no_repack, prepare_budget=args.prepare_budget, n_ctx=args.ctx_size,
-        predictor_rank=args.predictor_rank, command="selectinfer " + " ".join(sys.argv[1:]))
+        predictor_rank=args.predictor_rank, layer_budgets=args.layer_budgets,
+        command="selectinfer " + " ".join(sys.argv[1:]))
     for path in written:
         print(path)
 
@@ -201,7 +203,7 @@ def _cmd_info(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .model import SELECTION_RULES, STRATEGIES
+    from .model import LAYER_BUDGETS, SELECTION_RULES, STRATEGIES
 
     parser = argparse.ArgumentParser(prog="selectinfer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -232,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategies", nargs="+", metavar="NAME",
                    choices=STRATEGIES,
                    help="with --compute-ratios: each phi with each selection strategy (default: the file's)")
+    p.add_argument("--layer-budgets", nargs="+", choices=list(LAYER_BUDGETS),
+                   help="with --compute-ratios: each phi with uniform budgets (phi N per layer, the default) "
+                        "and/or the profile's per-layer budgets at the same bytes")
     p.add_argument("--repack", choices=["on", "off", "both"], default="on",
                    help="ggml's weight repacking (AMX, CPU_REPACK): on, off, or every model both ways")
     p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", type=int, default=0, dest="gpu_layers",
@@ -345,6 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="give the SelectInfer files a gate predictor of this rank (convert --predictor-rank), which "
                         "the predicted strategy (--select-by predicted) needs; the profile then records the FFN "
                         "input moments (default 0: none)")
+    p.add_argument("--layer-budgets", nargs="+", choices=list(LAYER_BUDGETS), default=["uniform"],
+                   help="how each phi is shared out over the layers: uniform (phi N in every layer, the method's; "
+                        "the default) and/or profile (the same bytes, per layer by the profile's mass shares)")
     p.add_argument("--quants", nargs="*", help="quantized baselines (default F16 Q8_0 Q4_0 Q4_K_M; --quick Q4_0)")
     p.add_argument("--si-quants", nargs="*",
                    help="also SelectInfer files made from these quantized baselines at the middle gamma "

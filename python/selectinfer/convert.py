@@ -12,7 +12,10 @@ other neurons, gathered at decode, are stored transposed as `blk.N.ffn_down_t` (
 n_load - n_static]) with one row per neuron. `selectinfer.neuron_ids.N` (I32 array) holds the
 original id of each kept neuron (metadata: llama.cpp refuses files with tensors it does not use).
 `<arch>.feed_forward_length` becomes a per-layer array and the other `selectinfer.*` keys describe
-the conversion. Layers outside the sparsified range are copied unchanged.
+the conversion. Layers outside the sparsified range are copied unchanged. A file ranked by a
+profile also holds `selectinfer.neuron_shares.N` (F32 array): each kept neuron's share of the
+layer's profiled activation mass (its model-wide score over the sum of all N scores), largest first,
+from which the engine's per-layer budgets share out the bytes a decode step reads.
 
 Gathering columns or transposing keeps F32/F16/BF16 values exact (BF16 rows of ffn_down_t are
 stored as F16, see DOWN_T_TYPE); quantized types store their blocks along the rows, so both parts
@@ -46,6 +49,7 @@ from .profiles import Profile
 
 SI_FORMAT_VERSION = 2
 PREDICTOR_RANK_KEY = "selectinfer.predictor_rank"  # u32, present only in files with a gate predictor
+NEURON_SHARES_KEY = "selectinfer.neuron_shares."  # + layer; in profile-ranked files only
 PREDICTOR_RANK_STEP = 32  # Q8_0 blocks: the rank is the row length of pred_out
 # run-time defaults written into the file (the authors' reference values): phi and alpha
 DEFAULT_COMPUTE_RATIO = 0.4
@@ -394,6 +398,14 @@ def _converted_tensor(src: SourceGGUF, out: OutputTensor, plans: dict[int, Layer
     return _down_transposed(src, out.source, plan.neuron_ids[plan.n_static:])
 
 
+def neuron_shares(scores: np.ndarray, neuron_ids: np.ndarray) -> np.ndarray:
+    """The kept neurons' shares of a layer's mass (scores: the layer's N model-wide scores), largest first."""
+    scores = np.maximum(np.asarray(scores, dtype=np.float64), 0.0)
+    total = scores.sum()
+    kept = scores[neuron_ids] / total if total > 0 else np.zeros(len(neuron_ids))
+    return np.sort(kept)[::-1].astype(np.float32)
+
+
 def _down_block(src: SourceGGUF, layers: range) -> int:
     """The largest block size among the sparsified layers' ffn_down types (1, 32 or 256)."""
     blocks = [_native.block_size(t["type"]) for t in src.tensors if _layer_kind(t["name"]) in
@@ -589,6 +601,10 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
     ]
     # neuron ids are metadata, not tensors: llama.cpp refuses files with tensors it does not use
     keys += [(f"selectinfer.neuron_ids.{il}", "arr_i32", plans[il].neuron_ids.tolist()) for il in layer_range]
+    if ranking == "profile":
+        scores = prof.model_scores()
+        keys += [(f"{NEURON_SHARES_KEY}{il}", "arr_f32", neuron_shares(scores[il], plans[il].neuron_ids).tolist())
+                 for il in layer_range]
     if predictor_rank > 0:
         keys.append((PREDICTOR_RANK_KEY, "u32", predictor_rank))
     tensors = _output_tensors(src, plans, predictor_rank)
@@ -648,10 +664,14 @@ def inspect(path: str | os.PathLike) -> str:
         f"source        sha256 {src.get('selectinfer.source_digest')}",
         f"profile       sha256 {src.get('selectinfer.profile_digest') or '(random ranking)'}",
         f"predictor     {_predictor_summary(src)}",
-        "layer  width  static",
+        "budgets       uniform" + (", or per layer by the profile's neuron shares (layer_budgets=profile)"
+                                   if src.get(f"{NEURON_SHARES_KEY}{layers[0]}") is not None else ""),
+        "layer  width  static  profiled mass loaded",
     ]
     for il in range(n_layer):
-        lines.append(f"{il:5d}  {int(widths[il]):5d}  {statics.get(il, '-')!s:>6}")
+        shares = src.get(f"{NEURON_SHARES_KEY}{il}")
+        mass = f"{100 * float(np.sum(shares)):.1f}%" if shares is not None else "-"
+        lines.append(f"{il:5d}  {int(widths[il]):5d}  {statics.get(il, '-')!s:>6}  {mass:>20}")
     return "\n".join(lines)
 
 

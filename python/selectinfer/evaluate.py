@@ -89,23 +89,28 @@ def _phis_within(phis, gamma: float, delta: float) -> list[float]:
 
 
 def selectinfer_configs(path: Path, family: str, gamma: float, delta: float, phis, select_by, weight_type: str,
-                        loaded_only: bool = True) -> list[Config]:
+                        loaded_only: bool = True, layer_budgets=("uniform",)) -> list[Config]:
     name = path.stem
     out = [Config(f"{name} loaded-only", family, str(path), {"dense": True}, weight_type, gamma)] if loaded_only else []
     extra = {"coreinfer": True} if family == "coreinfer" else {}
     for phi in _phis_within(phis, gamma, delta):
         for by in select_by:
-            out.append(Config(f"{name} phi {phi} {by}", family, str(path),
-                              {"compute_ratio": phi, **SELECTION_RULES[by], **extra}, weight_type, gamma, phi, by))
+            for budgets in layer_budgets:  # uniform: the method's phi N per layer (labels without a suffix)
+                per_layer = {} if budgets == "uniform" else {"layer_budgets": budgets}
+                suffix = "" if budgets == "uniform" else f" {budgets} budgets"
+                out.append(Config(f"{name} phi {phi} {by}{suffix}", family, str(path),
+                                  {"compute_ratio": phi, **SELECTION_RULES[by], **per_layer, **extra}, weight_type,
+                                  gamma, phi, by))
     return out
 
 
 def build_configs(source: Path, out_dir: Path, *, profile: Path | None, task: str, gammas, phis, select_by,
                   quants, si_quants, delta: float = DEFAULT_DELTA, baselines: bool = True,
-                  predictor_rank: int = 0, progress: bool = True) -> list[Config]:
+                  predictor_rank: int = 0, layer_budgets=("uniform",), progress: bool = True) -> list[Config]:
     """Every configuration of the grid, its files made (or reused) under out_dir/models; delta: the
     static ratio of the SelectInfer files (their names carry it when it is not the default);
-    predictor_rank: the main grid's files carry a gate predictor of that rank (names: pR)."""
+    predictor_rank: the main grid's files carry a gate predictor of that rank (names: pR);
+    layer_budgets: the main grid's configurations at each phi with each of these ("uniform", "profile")."""
     from .convert import convert
     from .registry import quantize
 
@@ -137,7 +142,8 @@ def build_configs(source: Path, out_dir: Path, *, profile: Path | None, task: st
     ranking = "profile" if profile else "random"
     for gamma in gammas:
         path = si_file(source, gamma, delta, ranking, tag("si", gamma), predictor_rank)
-        configs += selectinfer_configs(path, "selectinfer", gamma, delta, phis, select_by, source_type)
+        configs += selectinfer_configs(path, "selectinfer", gamma, delta, phis, select_by, source_type,
+                                       layer_budgets=layer_budgets)
     mid_gamma = sorted(gammas)[len(gammas) // 2]
     for qtype in si_quants:
         if qtype == source_type:
@@ -325,7 +331,8 @@ def read_bytes(config: Config) -> int:
     """Weight bytes one decode step of the configuration reads (bench.bytes_read_per_token)."""
     from .bench import bytes_read_per_token
 
-    return bytes_read_per_token(config.path, config.phi, config.model_kwargs.get("strategy"))
+    return bytes_read_per_token(config.path, config.phi, config.model_kwargs.get("strategy"),
+                                config.model_kwargs.get("layer_budgets", "uniform"))
 
 
 def measure_speed(configs: list[Config], read: list[int], n_prompt: int, n_gen: int, rounds: int,
@@ -364,7 +371,7 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
              n: int = 40, n_threads: int = 0,
              speed_rounds: int = 3, n_prompt: int = 64, n_gen: int = 32, n_bootstrap: int = metrics.N_BOOTSTRAP,
              n_ctx: int = 2048, memory_limit_bytes: int | None = None, repack: bool = True, command: str = "",
-             prepare_budget: str | None = None, predictor_rank: int = 0,
+             prepare_budget: str | None = None, predictor_rank: int = 0, layer_budgets=("uniform",),
              progress: bool = True) -> tuple[dict, list[Path]]:
     """Builds the grid's files, runs every configuration in a child process of its own (tasks; speed
     too where it is not interleaved), the interleaved speed rounds, and writes the report; returns
@@ -394,7 +401,8 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
     out_dir.mkdir(parents=True, exist_ok=True)
     configs = build_configs(source, out_dir, profile=profile, task=task, gammas=list(gammas), phis=list(phis),
                             select_by=list(select_by), quants=list(quants), si_quants=list(si_quants),
-                            delta=delta, baselines=baselines, predictor_rank=predictor_rank, progress=progress)
+                            delta=delta, baselines=baselines, predictor_rank=predictor_rank,
+                            layer_budgets=list(layer_budgets), progress=progress)
     from .convert import parse_size
     from .prepare import budget_workload
 

@@ -54,7 +54,8 @@ class _StopFilter:
 
 
 # Model's keywords for selective computation (SelectionOverrides), for callers that pass them on.
-SELECTION_KEYWORDS = ("strategy", "compute_ratio", "token_ratio", "select_by", "dense", "coreinfer")
+SELECTION_KEYWORDS = ("strategy", "compute_ratio", "layer_budgets", "token_ratio", "select_by", "dense", "coreinfer")
+LAYER_BUDGETS = tuple(_native.LAYER_BUDGETS)  # "uniform" (phi N per layer, the method's), "profile"
 STRATEGIES = tuple(_native.STRATEGIES)  # "frequency" (the method's, the default), "sum-magnitude", ...
 # The ways a prompt chooses its neurons, by name (selectinfer eval --select-by) -> Model keywords:
 # the method's frequency strategy ranking each token's neurons by value or by magnitude, and the
@@ -84,9 +85,11 @@ class Model:
         flash_attn: None lets llama.cpp decide (its default), True/False forces it on/off.
         profile: accumulate FFN activation statistics while evaluating (see `activation_sums`).
         profile_input_moments: with profile, also the FFN inputs' h h^T (see `input_moments`).
-        strategy, compute_ratio, token_ratio, select_by, dense, coreinfer: selective computation of
-            a SelectInfer GGUF (how a prompt chooses its neurons: "frequency", the method's,
-            "sum-magnitude", "fixed", or per decode step "gate-guided" or "predicted"; phi; alpha; "value" or "magnitude" for frequency; compute
+        strategy, compute_ratio, layer_budgets, token_ratio, select_by, dense, coreinfer: selective
+            computation of a SelectInfer GGUF (how a prompt chooses its neurons: "frequency", the
+            method's, "sum-magnitude", "fixed", or per decode step "gate-guided" or "predicted"; phi;
+            "uniform", phi N neurons in every layer, or "profile", the same bytes shared out over the
+            layers by the file's profile shares; alpha; "value" or "magnitude" for frequency; compute
             every loaded neuron; CoreInfer mode: no static neurons, for a gamma = 1, delta = 0
             file); a value given here overrides the SELECTINFER_* environment variables, None keeps
             them (or the file's defaults).
@@ -97,7 +100,8 @@ class Model:
                  n_threads: int = 0, seed: int = -1, use_mmap: bool = True, repack: bool = True,
                  n_gpu_layers: int = 0, flash_attn: bool | None = None,
                  profile: bool = False, profile_input_moments: bool = False, strategy: str | None = None,
-                 compute_ratio: float | None = None, token_ratio: float | None = None,
+                 compute_ratio: float | None = None, layer_budgets: str | None = None,
+                 token_ratio: float | None = None,
                  select_by: str | None = None, dense: bool | None = None, coreinfer: bool | None = None,
                  verbose: bool = False):
         self.model_path = os.fspath(model_path)
@@ -121,6 +125,7 @@ class Model:
         sel = params.selection
         sel.strategy = strategy  # ValueError for an unknown name
         sel.compute_ratio = None if compute_ratio is None else float(compute_ratio)
+        sel.layer_budgets = layer_budgets  # ValueError for an unknown name
         sel.token_ratio = None if token_ratio is None else float(token_ratio)
         sel.by_magnitude = None if select_by is None else select_by == "magnitude"
         sel.dense = None if dense is None else bool(dense)
@@ -235,6 +240,11 @@ class Model:
         """Per SelectInfer layer, the rows (neurons of the file) that decode steps compute (empty
         for the gate-guided and predicted strategies, whose decode steps each choose their own)."""
         return {il: np.asarray(ids, dtype=np.int32) for il, ids in self.engine.selected_neurons()}
+
+    def computed_counts(self) -> dict[int, int]:
+        """Per SelectInfer layer, how many neurons a decode step computes (static ones included; every
+        strategy): phi N in every layer, or the profile's per-layer budgets (layer_budgets)."""
+        return dict(self.engine.computed_counts())
 
     def selection_config(self) -> dict:
         return self.engine.selection_config()
