@@ -99,6 +99,40 @@ def test_speed_and_the_report(report):
     assert json.loads((out / "results.json").read_text())["meta"]["n"] == 3
 
 
+def test_runs_are_joined_into_one_report(report, tmp_path, selectinfer_cmd):
+    """`selectinfer eval-report` joins runs of one model: every configuration once (the original of
+    both runs once), one frontier over all of them; runs that differ in what they measured are refused."""
+    import copy
+
+    report, _, out = report
+    other = copy.deepcopy(report)
+    for r in other["configurations"][1:]:
+        r["label"] += " (second grid)"
+    other["meta"]["command"] = "selectinfer eval second"
+    second = tmp_path / "second"
+    second.mkdir()
+    (second / "results.json").write_text(json.dumps(other))
+    done = selectinfer_cmd("eval-report", str(out), str(second), "-o", str(tmp_path / "joined"))
+    assert done.returncode == 0, done.stderr
+    joined = json.loads((tmp_path / "joined" / "results.json").read_text())
+    labels = [r["label"] for r in joined["configurations"]]
+    n = len(report["configurations"])
+    assert labels == [r["label"] for r in report["configurations"]] + [r["label"] for r in other["configurations"][1:]]
+    assert len(labels) == 2 * n - 1 and [r["command"] for r in joined["meta"]["runs"]][1] == "selectinfer eval second"
+    assert (tmp_path / "joined" / "plots" / "text.perplexity_vs_bytes_read.png").read_bytes()[:4] == b"\x89PNG"
+    md = (tmp_path / "joined" / "results.md").read_text()
+    assert all(label in md for label in labels)
+    other["meta"]["n"] = 5
+    (second / "results.json").write_text(json.dumps(other))
+    refused = selectinfer_cmd("eval-report", str(out), str(second), "-o", str(tmp_path / "refused"))
+    assert refused.returncode == 1 and "the runs differ in n (3 and 5)" in refused.stderr
+    (second / "results.json").write_text("[1, 2]")
+    refused = selectinfer_cmd("eval-report", str(out), str(second), "-o", str(tmp_path / "refused"))
+    assert refused.returncode == 1 and "not a results.json of `selectinfer eval`" in refused.stderr
+    missing = selectinfer_cmd("eval-report", str(tmp_path / "nowhere"), "-o", str(tmp_path / "refused"))
+    assert missing.returncode == 1 and "results.json not found" in missing.stderr
+
+
 def test_speed_only(tiny_model, tmp_path):
     report, written = evaluate.run_eval(tiny_model("tiny-qwen2", "F32"), tmp_path, gammas=[0.75], phis=[0.5],
                                         select_by=["value"], quants=[], si_quants=[], tasks=[], speed_rounds=1,

@@ -120,6 +120,21 @@ EVAL_QUICK = {"n": 10, "gammas": [0.7], "phis": [0.4], "select_by": ["value"], "
               "speed_rounds": 1, "profile_prompts": 10}
 
 
+def _cmd_eval_report(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from .eval_report import merge_reports, write_report
+
+    reports = []
+    for run in args.runs:
+        path = Path(run) / "results.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: give the output folders of `selectinfer eval` runs")
+        reports.append(json.loads(path.read_text()))
+    for path in write_report(merge_reports(reports), Path(args.output)):
+        print(path)
+
+
 def _cmd_eval(args: argparse.Namespace) -> None:
     from pathlib import Path
 
@@ -372,6 +387,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-gen", type=int, default=32)
     p.add_argument("-t", "--threads", type=int, default=0)
     p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("eval-report", help="join the results of several `selectinfer eval` runs of one model into "
+                                           "one report (results.json, results.md, plots: one frontier)")
+    p.add_argument("runs", nargs="+", help="output folders of eval runs (their results.json)")
+    p.add_argument("-o", "--output", required=True, help="folder for the joined results.json, results.md, plots/")
+    p.set_defaults(func=_cmd_eval_report)
 
     p = sub.add_parser("lm-eval", help="EleutherAI's lm-evaluation-harness with the selectinfer model "
                                        "(--model selectinfer --model_args path=...,compute_ratio=0.4 ...)",

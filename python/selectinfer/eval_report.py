@@ -10,7 +10,7 @@ FAMILY_STYLE = {"original": ("k", "*"), "quantized": ("tab:blue", "s"), "selecti
                 "coreinfer": ("tab:red", "^"), "random": ("tab:gray", "x")}
 # SelectInfer points by selection rule (SELECTION_RULES), where a run has several
 RULE_STYLE = {"value": ("tab:green", "o"), "magnitude": ("tab:olive", "D"), "sum-magnitude": ("tab:cyan", "P"),
-              "fixed": ("tab:brown", "v"), "gate-guided": ("tab:purple", "h")}
+              "fixed": ("tab:brown", "v"), "gate-guided": ("tab:purple", "h"), "predicted": ("tab:pink", "p")}
 
 
 def _groups(rows: list[dict]):
@@ -164,6 +164,8 @@ def plot(report: dict, out_dir: Path) -> list[Path]:
         best = frontier([(x(r), value(r)) for r in pts], x_lower_better, y_lower_better)
         ax.plot([x(pts[i]) for i in best], [value(pts[i]) for i in best], "--", color="tab:orange", lw=1,
                 label="frontier (not dominated)")
+        if ylabel.endswith("perplexity"):
+            ax.set_yscale("log")  # a random choice's perplexity is several times the others'
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel + (" (lower is better)" if y_lower_better else ""))
         ax.set_title(f"{report['meta']['source']}: {ylabel}", fontsize=10)
@@ -188,6 +190,39 @@ def plot(report: dict, out_dir: Path) -> list[Path]:
     scatter("decode_speed_vs_bytes_read", "decode tokens/s", read, "weight MiB read per decoded token", decode,
             x_lower_better=True, y_lower_better=False)
     return written
+
+
+# what runs must share to be one report: their rows are then comparable, the paired differences
+# made against the same original on the same examples
+_SHARED_META = ("source", "tasks", "n", "n_bootstrap", "speed", "memory_limit_bytes", "repack")
+
+
+def merge_reports(reports: list[dict]) -> dict:
+    """One report of several eval runs of the same source model (e.g. grids of different delta or
+    predictor rank): every configuration once, by label, in the order the runs give them; the
+    runs' commands and profiles kept. Raises ValueError when the runs are not comparable."""
+    if not reports:
+        raise ValueError("no report to merge")
+    for r in reports:
+        if not (isinstance(r, dict) and isinstance(r.get("meta"), dict) and isinstance(r.get("configurations"), list)
+                and all(isinstance(c, dict) and "label" in c for c in r["configurations"])):
+            raise ValueError("not a results.json of `selectinfer eval` (meta and configurations)")
+    first = reports[0]["meta"]
+    for r in reports[1:]:
+        for key in _SHARED_META:
+            if r["meta"].get(key) != first.get(key):
+                raise ValueError(f"the runs differ in {key} ({first.get(key)!r} and {r['meta'].get(key)!r}): "
+                                 "merge runs of the same model, tasks, examples and speed settings")
+    rows, seen = [], set()
+    for r in reports:
+        for row in r["configurations"]:
+            if row["label"] not in seen:
+                seen.add(row["label"])
+                rows.append(row)
+    meta = dict(first)
+    meta["command"] = " ; ".join(r["meta"]["command"] for r in reports)
+    meta["runs"] = [{"command": r["meta"]["command"], "profile": r["meta"].get("profile")} for r in reports]
+    return {"meta": meta, "configurations": rows}
 
 
 def write_report(report: dict, out_dir: Path) -> list[Path]:
