@@ -5,16 +5,15 @@ falls on every model alike; the report gives medians and each model's ratio to t
 """
 from __future__ import annotations
 
-import math
 import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 from tqdm import tqdm
 
 from . import _native
+from .convert import NEURON_SHARES_KEY
 from .model import Model
 
 BENCH_TEXT = (
@@ -165,7 +164,7 @@ def layer_counts(header: dict, compute_ratio: float, strategy: str | None = None
         gate, up = (sizes[f"blk.{il}.{m}.weight"] / n_load for m in ("ffn_gate", "ffn_up"))
         down = sizes[f"blk.{il}.ffn_down_t.weight"] / n_gathered if n_gathered else 0
         neuron_bytes = (up + down if strategy == "gate-guided" else gate + up + down) if n_gathered else 1.0
-        shares = list(kv.get(f"selectinfer.neuron_shares.{il}") or []) if layer_budgets == "profile" else []
+        shares = list(kv.get(f"{NEURON_SHARES_KEY}{il}") or []) if layer_budgets == "profile" else []
         inputs.append((n_load, max(1, n_static), neuron_bytes, shares))
     counts = _native.layer_budget_sizes(inputs, compute_ratio, int(kv["selectinfer.original_feed_forward_length"]),
                                         layer_budgets)
