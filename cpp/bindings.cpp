@@ -1,5 +1,6 @@
 // selectinfer._native: a thin binding of engine.h. The Python API (python/selectinfer/model.py)
 // builds the user-facing Model on top of it.
+#include "compensation.h"
 #include "engine.h"
 #include "gguf_meta.h"
 #include "op_runner.h"
@@ -184,6 +185,17 @@ PYBIND11_MODULE(_native, m) {
         "the neurons each SelectInfer layer computes at decode (layer_budgets.h): layers are (n_load, n_min, "
         "neuron_bytes, shares) tuples");
 
+    m.def(
+        "dropped_means",
+        [](const std::vector<float> & gate_rms, const std::vector<float> & up_slope, int64_t n_kept,
+           const std::string & activation) {
+            if (activation != "silu" && activation != "gelu") throw py::value_error("activation must be silu or gelu");
+            return dropped_means(gate_rms, up_slope, n_kept,
+                                 activation == "gelu" ? GatedActivation::gelu : GatedActivation::silu);
+        },
+        py::arg("gate_rms"), py::arg("up_slope"), py::arg("n_kept"), py::arg("activation"),
+        "each neuron's expected activation when a step that keeps n_kept of them drops it (compensation.h)");
+
     py::class_<SelectionOverrides>(m, "SelectionOverrides")
         .def(py::init<>())
         .def_property(
@@ -214,7 +226,8 @@ PYBIND11_MODULE(_native, m) {
         .def_readwrite("token_ratio", &SelectionOverrides::token_ratio)
         .def_readwrite("by_magnitude", &SelectionOverrides::by_magnitude)
         .def_readwrite("dense", &SelectionOverrides::dense)
-        .def_readwrite("coreinfer", &SelectionOverrides::coreinfer);
+        .def_readwrite("coreinfer", &SelectionOverrides::coreinfer)
+        .def_readwrite("compensate", &SelectionOverrides::compensate);
 
     py::class_<SamplingParams>(m, "SamplingParams")
         .def(py::init<>())
@@ -300,6 +313,7 @@ PYBIND11_MODULE(_native, m) {
             d["select_by"] = c.by_magnitude ? "magnitude" : "value";
             d["dense"] = c.dense;
             d["coreinfer"] = c.coreinfer;
+            d["compensate"] = c.compensate;
             return d;
         })
         .def("activation_sums",

@@ -57,6 +57,8 @@ const char * kUsage =
     "        --select-by value|magnitude  SelectInfer, frequency: rank a token's neurons by a or |a|\n"
     "        --dense-ffn           SelectInfer: compute every loaded neuron (no selection)\n"
     "        --coreinfer           SelectInfer: CoreInfer mode, no static neurons (use a gamma 1, delta 0 file)\n"
+    "        --compensate, --no-compensate  SelectInfer, gate-guided and predicted: add the dropped neurons'\n"
+    "                              expected output, or not (default: on in files with gate statistics)\n"
     "        --no-mmap             read the weights into memory instead of mapping the file\n"
     "        --repack, --no-repack let ggml repack weights for its faster kernels (AMX, CPU_REPACK), or not\n"
     "  -v,   --verbose             show llama.cpp's log\n"
@@ -139,6 +141,8 @@ CliArgs parse_args(int argc, char ** argv) {
         }
         else if (a == "--dense-ffn") args.model.selection.dense = true;
         else if (a == "--coreinfer") args.model.selection.coreinfer = true;
+        else if (a == "--compensate") args.model.selection.compensate = true;
+        else if (a == "--no-compensate") args.model.selection.compensate = false;
         else if (a == "--no-mmap") args.model.use_mmap = false;
         else if (a == "--repack") args.model.repack = true;
         else if (a == "-nr" || a == "--no-repack") args.model.repack = false;

@@ -1,6 +1,8 @@
 // Compiled into libllama (it needs llama.cpp's internal headers).
 #include "neuron_selection.h"
 
+#include "compensation.h"
+
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "llama-batch.h"
@@ -74,6 +76,7 @@ SelectionConfig SelectionOverrides::applied_to(SelectionConfig c) const {
     if (by_magnitude) c.by_magnitude = *by_magnitude;
     if (dense) c.dense = *dense;
     if (coreinfer) c.coreinfer = *coreinfer;
+    if (compensate) c.compensate = *compensate;
     return c;
 }
 
@@ -101,6 +104,7 @@ SelectionOverrides SelectionOverrides::from_environment() {
     }
     o.dense = env_flag("SELECTINFER_DENSE");
     o.coreinfer = env_flag("SELECTINFER_COREINFER");
+    o.compensate = env_flag("SELECTINFER_COMPENSATE");
     return o;
 }
 
@@ -150,6 +154,7 @@ NeuronSelection::NeuronSelection(const llama_model * model, const SiModelInfo & 
                                      : std::min(info.load_ratio, std::max(info.static_ratio, kDefaultComputeRatio));
     file_config_.token_ratio = info.token_ratio > 0 ? info.token_ratio : kDefaultTokenRatio;
     if (info.strategy) file_config_.strategy = *info.strategy;
+    file_config_.compensate = !info.gate_stats.empty();
     layer_index_.assign(model->layers.size(), -1);
     for (const auto & [il, n_load] : info.n_load) {
         Layer l;
@@ -231,6 +236,11 @@ void NeuronSelection::validate(const SelectionConfig & cfg) const {
             }
         }
     }
+    if (cfg.compensate && info_.gate_stats.empty()) {
+        throw std::invalid_argument("dropped-neuron compensation needs the gate statistics that files converted "
+                                    "from a profile with input moments hold: profile the model with --input-moments "
+                                    "and convert it again, or turn compensation off");
+    }
     if (cfg.layer_budgets == LayerBudgets::profile && info_.neuron_shares.empty()) {
         throw std::invalid_argument("per-layer budgets from the profile need the neuron shares a profile-ranked file "
                                     "holds: convert the model with --profile (and --ranking profile), or use "
@@ -259,6 +269,37 @@ void NeuronSelection::allocate() {
         std::vector<int32_t> first(layers_[i].n_select);
         std::iota(first.begin(), first.end(), 0);
         ggml_backend_tensor_set((*ids_)[i], first.data(), 0, first.size() * sizeof(int32_t));
+    }
+    allocate_compensation();
+}
+
+bool NeuronSelection::compensating() const {
+    return config_.compensate && step_chooses(config_.strategy) && !config_.dense;
+}
+
+void NeuronSelection::allocate_compensation() {
+    comp_nu_.reset();
+    comp_out_.reset();
+    if (!compensating()) return;
+    std::vector<int> layers;
+    std::vector<int64_t> n_gathered, n_embd;
+    for (const Layer & l : layers_) {
+        layers.push_back(l.il);
+        n_gathered.push_back(std::max(1, l.n_load - l.n_static));  // (a layer of static neurons only: unused)
+        n_embd.push_back(model_->hparams.n_embd);
+    }
+    comp_nu_ = std::make_unique<LayerTensors>(model_, layers, GGML_TYPE_F32, n_gathered, "si_comp_nu");
+    comp_out_ = std::make_unique<LayerTensors>(model_, layers, GGML_TYPE_F32, n_embd, "si_comp_out");
+    for (size_t i = 0; i < layers_.size(); ++i) {
+        const Layer & l = layers_[i];
+        if (l.n_load == l.n_static) continue;
+        const GateStats & stats = info_.gate_stats.at(l.il);
+        const std::vector<float> rms(stats.gate_rms.begin() + l.n_static, stats.gate_rms.end());
+        const std::vector<float> slope(stats.up_slope.begin() + l.n_static, stats.up_slope.end());
+        const std::vector<float> nu = dropped_means(rms, slope, l.n_select - l.n_static, info_.activation);
+        const std::vector<float> out = down_rows_sum(model_->layers[l.il].ffn_down_t, nu);
+        ggml_backend_tensor_set((*comp_nu_)[i], nu.data(), 0, nu.size() * sizeof(float));
+        ggml_backend_tensor_set((*comp_out_)[i], out.data(), 0, out.size() * sizeof(float));
     }
 }
 
@@ -319,9 +360,11 @@ ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, l
             return build_sparse_ffn(ctx, weights, x, ids, l.n_select - l.n_static);
         }
         if (x->ne[1] == 1) {  // (the engine decodes a token at a time; more go dense, below)
+            Compensation comp;
+            if (comp_nu_) comp = {(*comp_nu_)[layer_index_[il]], (*comp_out_)[layer_index_[il]]};
             return config_.strategy == Strategy::predicted
-                       ? build_predicted_ffn(ctx, weights, x, l.n_select - l.n_static)
-                       : build_gate_guided_ffn(ctx, weights, x, l.n_select - l.n_static);
+                       ? build_predicted_ffn(ctx, weights, x, l.n_select - l.n_static, comp)
+                       : build_gate_guided_ffn(ctx, weights, x, l.n_select - l.n_static, comp);
         }
     }
     // dense over the loaded neurons; a prompt selects its neurons in the same graph
@@ -384,6 +427,18 @@ ggml_tensor * static_block(ggml_context * ctx, const SiFfnWeights & w, ggml_tens
     return ggml_mul_mat(ctx, w.down_static, act);
 }
 
+// The chosen neurons' activations [n, 1] less their nu (their share of comp.out, added whole).
+ggml_tensor * compensated(ggml_context * ctx, ggml_tensor * act, ggml_tensor * chosen, const Compensation & comp) {
+    if (!comp.nu) return act;
+    ggml_tensor * nu = ggml_get_rows(ctx, ggml_reshape_2d(ctx, comp.nu, 1, comp.nu->ne[0]), chosen);  // [1, n]
+    return ggml_sub(ctx, act, ggml_reshape_2d(ctx, nu, act->ne[0], 1));
+}
+
+ggml_tensor * with_dropped(ggml_context * ctx, ggml_tensor * out, const Compensation & comp) {
+    if (!comp.out) return out;
+    return out ? ggml_add(ctx, out, comp.out) : ggml_reshape_2d(ctx, comp.out, comp.out->ne[0], 1);
+}
+
 }  // namespace
 
 ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, ggml_tensor * ids,
@@ -399,7 +454,8 @@ ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_
     return out;
 }
 
-ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic) {
+ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic,
+                                    const Compensation & comp) {
     ggml_tensor * out = static_block(ctx, w, x);
     if (n_dynamic > 0) {
         // gate over every gathered neuron (upstream's matmul), the score |act(gate)|, and the
@@ -408,26 +464,29 @@ ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, 
         ggml_tensor * chosen = ggml_si_select(ctx, ggml_abs(ctx, w.act(ctx, gate)), 0, n_dynamic);
         ggml_tensor * gate_chosen = ggml_get_rows(ctx, ggml_reshape_2d(ctx, gate, 1, gate->ne[0]), chosen);  // [1, n]
         ggml_tensor * up = ggml_si_mul_rows(ctx, w.gathered_up(), x, chosen, 0);                               // [n, 1]
-        ggml_tensor * act = w.gated(ctx, ggml_reshape_2d(ctx, gate_chosen, n_dynamic, 1), up);
+        ggml_tensor * act = compensated(ctx, w.gated(ctx, ggml_reshape_2d(ctx, gate_chosen, n_dynamic, 1), up),
+                                        chosen, comp);
         ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, chosen, 0);
         out = out ? ggml_add(ctx, out, part) : part;
     }
-    return out;
+    return with_dropped(ctx, out, comp);
 }
 
-ggml_tensor * build_predicted_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic) {
+ggml_tensor * build_predicted_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic,
+                                  const Compensation & comp) {
     ggml_tensor * out = static_block(ctx, w, x);
     if (n_dynamic > 0) {
         // the predicted gate of every gathered neuron (two small upstream matmuls), the score
         // |act(predicted)|, and gate, up and down of the n_dynamic best (ids from 0)
         ggml_tensor * predicted = ggml_mul_mat(ctx, w.gate_pred_out, ggml_mul_mat(ctx, w.gate_pred_in, x));
         ggml_tensor * chosen = ggml_si_select(ctx, ggml_abs(ctx, w.act(ctx, predicted)), 0, n_dynamic);
-        ggml_tensor * act = w.gated(ctx, ggml_si_mul_rows(ctx, w.gathered_gate(), x, chosen, 0),
-                                    ggml_si_mul_rows(ctx, w.gathered_up(), x, chosen, 0));
+        ggml_tensor * act = compensated(ctx, w.gated(ctx, ggml_si_mul_rows(ctx, w.gathered_gate(), x, chosen, 0),
+                                                     ggml_si_mul_rows(ctx, w.gathered_up(), x, chosen, 0)),
+                                        chosen, comp);
         ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, chosen, 0);
         out = out ? ggml_add(ctx, out, part) : part;
     }
-    return out;
+    return with_dropped(ctx, out, comp);
 }
 
 SelectionNodes build_selection(ggml_context * ctx, ggml_tensor * act, ggml_tensor * counts, int n_static,

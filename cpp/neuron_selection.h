@@ -43,6 +43,8 @@ struct SelectionConfig {
     bool  dense         = false; // compute every loaded neuron (no selection)
     bool  coreinfer     = false; // CoreInfer: no static neurons, the prompt chooses all phi N (0 < phi <= gamma);
                                  // the method itself with a gamma = 1, delta = 0 file
+    bool  compensate    = false; // gate_guided, predicted: add the dropped neurons' expected output
+                                 // (compensation.h); on by default in files with gate statistics
 };
 
 // Settings given explicitly; an unset one keeps the value it overrides. The environment is read
@@ -55,6 +57,7 @@ struct SelectionOverrides {
     std::optional<bool>  by_magnitude;
     std::optional<bool>  dense;
     std::optional<bool>  coreinfer;
+    std::optional<bool>  compensate;
 
     // Whether these ask for selective computation at all (settings that only restate the default do not).
     bool ask_for_selection() const {
@@ -64,7 +67,7 @@ struct SelectionOverrides {
     }
     SelectionConfig applied_to(SelectionConfig config) const;
     // SELECTINFER_STRATEGY, _COMPUTE_RATIO, _LAYER_BUDGETS (uniform|profile), _TOKEN_RATIO,
-    // _SELECT_BY (value|magnitude), _DENSE, _COREINFER (0|1);
+    // _SELECT_BY (value|magnitude), _DENSE, _COREINFER, _COMPENSATE (0|1);
     // throws std::invalid_argument naming a malformed variable.
     static SelectionOverrides from_environment();
 };
@@ -121,14 +124,25 @@ LoadedFfn build_loaded_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tens
 ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, ggml_tensor * ids,
                                int n_dynamic);
 
+// A layer's dropped-neuron compensation (compensation.h) for steps that keep n_dynamic gathered
+// neurons: nu [n_gathered] (each neuron's expected activation when dropped) and out [n_embd]
+// (sum_j nu_j d_j), F32 on the layer's device; null tensors: none.
+struct Compensation {
+    ggml_tensor * nu = nullptr;
+    ggml_tensor * out = nullptr;
+};
+
 // A gate-guided decode step (one token): the static block as build_sparse_ffn, then gate over every
-// gathered neuron, and up and down for the n_dynamic of them with the largest |act(gate)|.
-ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic);
+// gathered neuron, and up and down for the n_dynamic of them with the largest |act(gate)|; with
+// compensation, the chosen neurons' act - nu, plus comp.out.
+ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic,
+                                    const Compensation & comp = {});
 
 // A predicted decode step (one token): the static block as build_sparse_ffn, then the low-rank
 // predictor's gate over every gathered neuron, and gate, up and down for the n_dynamic of them with
-// the largest |act(predicted gate)|.
-ggml_tensor * build_predicted_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic);
+// the largest |act(predicted gate)|; compensation as build_gate_guided_ffn.
+ggml_tensor * build_predicted_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic,
+                                  const Compensation & comp = {});
 
 // A prompt batch's selection from its activations act [n_load, T] by a choosing strategy
 // (frequency or sum_magnitude): the running scores (this batch's added to `counts`, the previous
@@ -198,6 +212,8 @@ private:
     void apply(const SelectionConfig & config);
     void validate(const SelectionConfig & config) const;
     void allocate();
+    void allocate_compensation();
+    bool compensating() const;  // whether decode steps add the dropped neurons' expected output
 
     const llama_model * model_;
     const SiModelInfo & info_;
@@ -210,6 +226,7 @@ private:
     std::vector<int> layer_index_;  // il -> index in layers_, -1 for dense layers
     std::unique_ptr<LayerTensors> ids_;     // I32 [n_select] per SelectInfer layer: the selection
     std::unique_ptr<LayerTensors> counts_;  // F32 [n_load] per SelectInfer layer: the prompt's votes so far
+    std::unique_ptr<LayerTensors> comp_nu_, comp_out_;  // F32 [n_gathered], [n_embd]: Compensation, when on
 };
 
 }  // namespace selectinfer

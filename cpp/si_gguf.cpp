@@ -29,6 +29,8 @@ constexpr const char * kLayers       = "selectinfer.layers";
 constexpr const char * kStaticCounts = "selectinfer.static_counts";
 constexpr const char * kNeuronIds    = "selectinfer.neuron_ids.";  // + layer
 constexpr const char * kNeuronShares = "selectinfer.neuron_shares.";  // + layer; optional (profile-ranked files)
+constexpr const char * kGateRms      = "selectinfer.gate_rms.";   // + layer; optional (profiles with input moments)
+constexpr const char * kUpSlope      = "selectinfer.up_slope.";   // + layer; with gate_rms
 
 [[noreturn]] void refuse(const std::string & what) {
     throw std::runtime_error("invalid SelectInfer GGUF: " + what + "; convert the model again with `selectinfer convert`");
@@ -241,6 +243,29 @@ std::vector<float> read_neuron_shares(const Metadata & m, int il, int64_t n_load
     return shares;
 }
 
+// A layer's gate statistics (compensation.h): one root mean square (finite, >= 0) and one slope
+// (finite) per loaded neuron.
+GateStats read_gate_stats(const Metadata & m, int il, int64_t n_load) {
+    GateStats stats;
+    const std::string rms_key = layer_key(kGateRms, il), slope_key = layer_key(kUpSlope, il);
+    if (!m.has(slope_key)) refuse(rms_key + " is present but " + slope_key + " is not");
+    stats.gate_rms = m.floats(rms_key);
+    stats.up_slope = m.floats(slope_key);
+    for (const auto & [key, values] : {std::pair{rms_key, &stats.gate_rms}, std::pair{slope_key, &stats.up_slope}}) {
+        if ((int64_t) values->size() != n_load) {
+            refuse(key + " has " + std::to_string(values->size()) + " values for the " + std::to_string(n_load) +
+                   " neurons of layer " + std::to_string(il));
+        }
+        for (float v : *values) {
+            if (!std::isfinite(v) || (values == &stats.gate_rms && v < 0.0f)) {
+                refuse(key + " holds " + std::to_string(v) + ", not a finite " +
+                       (values == &stats.gate_rms ? "root mean square >= 0" : "slope"));
+            }
+        }
+    }
+    return stats;
+}
+
 }  // namespace
 
 std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model, const llama_model_loader & loader) {
@@ -318,6 +343,11 @@ std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model,
         if (m.has(layer_key(kNeuronShares, (int) il))) {
             info->neuron_shares[(int) il] = read_neuron_shares(m, (int) il, n_load);
         }
+        if (m.has(layer_key(kGateRms, (int) il))) {
+            info->gate_stats[(int) il] = read_gate_stats(m, (int) il, n_load);
+        } else if (m.has(layer_key(kUpSlope, (int) il))) {
+            refuse(layer_key(kUpSlope, (int) il) + " is present but " + layer_key(kGateRms, (int) il) + " is not");
+        }
         info->n_load[(int) il] = (int32_t) n_load;
         info->n_static[(int) il] = (int32_t) n_static;
     }
@@ -325,6 +355,13 @@ std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model,
         for (const auto & [il, n] : info->n_load) {
             if (!info->neuron_shares.count(il)) {
                 refuse(layer_key(kNeuronShares, il) + " is missing, but other layers have their shares");
+            }
+        }
+    }
+    if (!info->gate_stats.empty() && info->gate_stats.size() != info->n_load.size()) {
+        for (const auto & [il, n] : info->n_load) {
+            if (!info->gate_stats.count(il)) {
+                refuse(layer_key(kGateRms, il) + " is missing, but other layers have their gate statistics");
             }
         }
     }

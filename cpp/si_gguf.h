@@ -28,6 +28,12 @@ constexpr uint32_t kFormatVersion = 2;  // selectinfer.format_version this build
 // The gated activation of an architecture's FFN: act(gate) * up.
 enum class GatedActivation { silu, gelu };
 
+// A layer's gate statistics from the profile's input moments, one per loaded neuron (compensation.h).
+struct GateStats {
+    std::vector<float> gate_rms;  // sqrt(E[g^2]) of the neuron's gate
+    std::vector<float> up_slope;  // E[g u] / E[g^2]: up's least-squares slope on the gate
+};
+
 // What a SelectInfer GGUF says about its layers, validated.
 struct SiModelInfo {
     uint32_t format_version = 0;
@@ -42,6 +48,7 @@ struct SiModelInfo {
     std::map<int, int32_t> n_load;    // SelectInfer layer -> loaded neurons (rows of its FFN tensors)
     std::map<int, std::vector<float>> neuron_shares;  // every SelectInfer layer or none: the profile's shares
                                                       // of its mass, largest first (layer_budgets.h)
+    std::map<int, GateStats> gate_stats;  // every SelectInfer layer or none (dropped-neuron compensation)
 };
 
 // For a model llama.cpp has just loaded: null for a dense model, otherwise the validated

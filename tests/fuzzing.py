@@ -100,6 +100,9 @@ class Base:
             n_load = len(fields[f"selectinfer.neuron_ids.{il}"][1])
             shares = [0.8 / n_load * (2 - r / n_load) / 1.5 for r in range(n_load)]
             fields[f"selectinfer.neuron_shares.{il}"] = (V.ARRAY, shares, V.FLOAT32)
+            # and gate statistics, as a file from a profile with input moments (compensation)
+            fields[f"selectinfer.gate_rms.{il}"] = (V.ARRAY, [1.0 + r % 7 / 7 for r in range(n_load)], V.FLOAT32)
+            fields[f"selectinfer.up_slope.{il}"] = (V.ARRAY, [0.5 - r % 5 / 5 for r in range(n_load)], V.FLOAT32)
         si = write_gguf(root / "si-shares.gguf", fields, gguf_tensors(random_ranked))
         header = _native.read_gguf_header(str(si))
         return cls(si, gguf_fields(si), gguf_tensors(si), si.read_bytes(), int(header["data_offset"]))
@@ -148,15 +151,16 @@ def mutant(base: Base, rng: random.Random, kind: str, out: Path) -> Path | None:
 
 
 # The child: load each file, generate a few tokens (a prompt that selects, then sparse decode
-# steps; every other case with the profile's per-layer budgets), print one line per case. Any
-# Python exception is a clean refusal.
+# steps; every other case with the profile's per-layer budgets, every third gate-guided with
+# compensation), print one line per case. Any Python exception is a clean refusal.
 WORKER = r"""
 import sys
 from selectinfer import Model
 for i, line in enumerate(sys.stdin):
     path = line.strip()
     try:
-        with Model(path, n_ctx=64, n_threads=2, layer_budgets="profile" if i % 2 else None) as m:
+        with Model(path, n_ctx=64, n_threads=2, layer_budgets="profile" if i % 2 else None,
+                   strategy=None if i % 3 else "gate-guided") as m:
             m.generate("the capital of", max_tokens=3, temperature=0)
         print("ran", flush=True)
     except Exception as e:

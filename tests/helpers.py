@@ -213,3 +213,22 @@ def file_budget_inputs(path, strategy: str | None = None) -> tuple[list[int], li
         shares = list(fields.get(f"selectinfer.neuron_shares.{il}", (None, []))[1])
         inputs.append((n_load, max(1, n_static), up + down if strategy == "gate-guided" else gate + up + down, shares))
     return layers, inputs, int(fields["selectinfer.original_feed_forward_length"][1])
+
+
+def file_dropped_means(path, n_select: dict[int, int]) -> dict[int, "np.ndarray"]:
+    """Each SelectInfer layer's expected activation of a dropped gathered neuron by the numpy
+    reference, from the file's gate statistics (read with gguf-py) for steps that compute
+    n_select[il] neurons, static ones included; {} for a file without gate statistics."""
+    import numpy as np
+    from reference import gelu, reference_dropped_means, silu
+
+    fields = gguf_fields(path)
+    act = gelu if fields["general.architecture"][1] == "gemma3" else silu
+    out = {}
+    for il, n_static in zip(fields["selectinfer.layers"][1], fields["selectinfer.static_counts"][1]):
+        if f"selectinfer.gate_rms.{il}" not in fields:
+            return {}
+        rms = np.asarray(fields[f"selectinfer.gate_rms.{il}"][1])[n_static:]
+        slope = np.asarray(fields[f"selectinfer.up_slope.{il}"][1])[n_static:]
+        out[il] = reference_dropped_means(rms, slope, n_select[il] - n_static, act)
+    return out

@@ -236,3 +236,23 @@ def reference_layer_budgets(layers: list[tuple[int, int, float, list[float]]], p
             sizes[il] += 1
             spent += b
     return sizes
+
+
+def reference_dropped_means(gate_rms, up_slope, n_kept: int, act=silu) -> np.ndarray:
+    """E[act(g) u | neuron dropped] per neuron (cpp/compensation.h) with g ~ N(0, gate_rms^2),
+    E[u | g] = up_slope g, and a neuron dropped where |act(g)| is under the one threshold that keeps
+    n_kept neurons on average: the threshold from every (neuron, grid point) sorted by score (a
+    finer grid than the engine's, on [-8, 8])."""
+    z = np.linspace(-8.0, 8.0, 16001)
+    weight = np.exp(-0.5 * z * z)
+    weight /= weight.sum()
+    gate = np.asarray(gate_rms, dtype=np.float64)[:, None] * z[None, :]
+    score = np.abs(act(gate))
+    order = np.argsort(-score, axis=None, kind="stable")
+    kept_mass = np.cumsum(np.broadcast_to(weight, score.shape).ravel()[order])
+    theta = score.ravel()[order[np.searchsorted(kept_mass, n_kept)]] if 0 < n_kept < len(gate) else (
+        np.inf if n_kept == 0 else 0.0)
+    dropped = score < theta
+    mass = (dropped * weight).sum(axis=1)
+    moment = (dropped * weight * act(gate) * gate).sum(axis=1)
+    return np.asarray(up_slope, dtype=np.float64) * np.divide(moment, mass, out=np.zeros_like(mass), where=mass > 0)

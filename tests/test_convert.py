@@ -468,6 +468,33 @@ def test_predictor_tensors_names_shapes_and_types(models, tmp_path):
 
 
 @pytest.mark.parametrize("weight_type", ["F32", "Q8_0"])
+def test_gate_statistics_from_the_profile_moments(models, tmp_path, weight_type):
+    """A profile with input moments gives every loaded neuron of a sparsified layer, in file order,
+    sqrt(w_g C w_g^T) and (w_g C w_u^T) / (w_g C w_g^T) from its source rows (dequantized); a
+    profile without them, none."""
+    src = models("tiny-llama", weight_type)
+    prof = moments_profile(src, tmp_path / "p.safetensors")
+    moments = Profile.load(prof).input_moments.astype(np.float64)
+    out = tmp_path / "si.gguf"
+    convert(src, out, profile=prof, task="qa", load_ratio=0.75, static_ratio=0.25, layers="1:3", progress=False)
+    weights = {t.name: np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(
+        [int(d) for d in reversed(t.shape)]) for t in GGUFReader(str(src)).tensors}
+    r = GGUFReader(str(out))
+    for il, ids in kept_ids(out).items():
+        gate, up = weights[f"blk.{il}.ffn_gate.weight"][ids], weights[f"blk.{il}.ffn_up.weight"][ids]
+        mean_square = np.einsum("ij,jk,ik->i", gate, moments[il], gate)
+        slope = np.einsum("ij,jk,ik->i", gate, moments[il], up) / mean_square
+        for key, want in ((f"selectinfer.gate_rms.{il}", np.sqrt(mean_square)), (f"selectinfer.up_slope.{il}", slope)):
+            assert r.get_field(key).types[-1] == GGUFValueType.FLOAT32
+            np.testing.assert_allclose(np.asarray(field(r, key)), want, rtol=1e-4)
+    plain = tmp_path / "plain.gguf"
+    convert(src, plain, profile=moments_profile(src, tmp_path / "old.safetensors", None), task="qa", load_ratio=0.75,
+            static_ratio=0.25, layers="1:3", progress=False)
+    assert not any(k.startswith(("selectinfer.gate_rms", "selectinfer.up_slope")) for k in gguf_fields(plain))
+    assert "compensation  gate statistics" in inspect(out) and "compensation  none" in inspect(plain)
+
+
+@pytest.mark.parametrize("weight_type", ["F32", "Q8_0"])
 def test_full_rank_predictor_reproduces_the_gathered_gate(models, tmp_path, weight_type):
     """R = n_embd: pred_out @ pred_in is W itself, up to the factors' rounding (in the gate's type).
     With random ranking the profile serves only the predictor; with delta 0 every loaded neuron is

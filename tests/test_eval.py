@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from helpers import needs_cgroups
 
-from selectinfer import evaluate
+from selectinfer import eval_report, evaluate
 from selectinfer.bench import bytes_read_per_token
 
 
@@ -185,6 +185,21 @@ def test_predictor_grid_runs_the_predicted_strategy(tiny_model, tmp_path):
         strategy = uniform["model_kwargs"].get("strategy")
         assert profile["read_bytes_per_token"] == bytes_read_per_token(path, 0.5, strategy, "profile")
         assert 0 <= uniform["read_bytes_per_token"] - profile["read_bytes_per_token"] < 3 * 64 * 4  # one F32 neuron
+
+
+def test_compensation_grid_adds_uncompensated_step_strategies():
+    """compensation on and off: the step strategies (gate-guided, predicted) once with the engine's
+    default and once with compensate=False (their own series in the plots), the others once."""
+    configs = evaluate.selectinfer_configs(Path("m.si70d0p32.gguf"), "selectinfer", 0.7, 0.0, [0.3],
+                                           ["value", "gate-guided", "predicted"], "F32", compensation=["on", "off"])
+    assert [c.label for c in configs] == ["m.si70d0p32 loaded-only", "m.si70d0p32 phi 0.3 value",
+                                          "m.si70d0p32 phi 0.3 gate-guided",
+                                          "m.si70d0p32 phi 0.3 gate-guided uncompensated",
+                                          "m.si70d0p32 phi 0.3 predicted", "m.si70d0p32 phi 0.3 predicted uncompensated"]
+    assert [c.model_kwargs.get("compensate") for c in configs] == [None, None, None, False, None, False]
+    assert [c.select_by for c in configs[1:]] == ["value", "gate-guided", "gate-guided uncompensated", "predicted",
+                                                  "predicted uncompensated"]
+    assert all(c.select_by in eval_report.RULE_STYLE for c in configs[1:])
 
 
 def test_unknown_task_and_too_few_examples(tiny_model, tmp_path):

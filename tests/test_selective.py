@@ -3,7 +3,7 @@ decode against the reference with the same masks, phi = gamma against dense-over
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader
-from helpers import file_budget_inputs, make_predicted_si_model, make_si_model
+from helpers import file_budget_inputs, file_dropped_means, make_predicted_si_model, make_si_model
 from reference import (ReferenceModel, reference_layer_budgets, reference_select, reference_sum_magnitude,
                        reference_uniform_size)
 
@@ -261,12 +261,14 @@ def test_the_files_strategy_is_its_default_and_settings_override_it(tmp_path, mo
     assert selections(strategy="fixed") == [{1: best_ranked, 2: best_ranked}] * 3
 
 
-def forward_step_chosen(ref: ReferenceModel, tokens, n_prompt, n_static, n_select: dict, score_of):
+def forward_step_chosen(ref: ReferenceModel, tokens, n_prompt, n_static, n_select: dict, score_of, dropped=None):
     """Logits of the reference where each position >= n_prompt of a SelectInfer layer il (the keys
     of n_select) computes the static neurons and the n_select[il] - n_static others with the largest
     score_of(il, h, gate) (h: the
     token's FFN input, gate: its gate of every loaded neuron; one score per gathered neuron; ties to
-    the lower row); also the smallest gap at that boundary, relative to the token's largest score."""
+    the lower row), and gives each dropped gathered neuron the activation dropped[il][its gathered
+    row] (compensation; 0 without); also the smallest gap at that boundary, relative to the token's
+    largest score."""
     x = ref.embed(tokens)
     positions = np.arange(len(tokens))
     margin = np.inf
@@ -284,7 +286,7 @@ def forward_step_chosen(ref: ReferenceModel, tokens, n_prompt, n_static, n_selec
                 keep = np.zeros(act.shape[1], dtype=bool)
                 keep[:n_static] = True
                 keep[n_static + np.asarray(order[:k])] = True
-                act[t, ~keep] = 0.0
+                act[t, ~keep] = dropped[il][~keep[n_static:]] if dropped else 0.0
         x = ref.ffn_block(x, il, act)
     return ref.logits(x), margin
 
@@ -299,18 +301,23 @@ def expected_counts(path, phi: float, strategy: str | None, layer_budgets: str) 
     return dict(zip(layers, sizes))
 
 
-def check_step_chosen(path, strategy, score_of, layer_budgets="uniform"):
+def check_step_chosen(path, strategy, score_of, layer_budgets="uniform", compensate=None):
     """Decode steps of `strategy` against forward_step_chosen (phi 0.4, gamma 0.75, delta 0.25,
-    layers 1..2; each layer's count by the reference's budgets): returns the logits."""
+    layers 1..2; each layer's count by the reference's budgets; the dropped neurons compensated by
+    the reference's means where the file has gate statistics and compensate is not False):
+    returns the logits."""
     ref = ReferenceModel.load(path)
     n_static, n_select = round(0.25 * 256), expected_counts(path, 0.4, strategy, layer_budgets)
-    with Model(path, n_ctx=128, strategy=strategy, compute_ratio=0.4, layer_budgets=layer_budgets) as m:
+    dropped = file_dropped_means(path, n_select) if compensate is not False else {}
+    with Model(path, n_ctx=128, strategy=strategy, compute_ratio=0.4, layer_budgets=layer_budgets,
+               compensate=compensate) as m:
         assert m.computed_counts() == n_select
+        assert m.selection_config()["compensate"] == bool(dropped)
         for text in PROMPTS:
             prompt = m.tokenize(text)
             tokens, logits = decode(m, prompt, 4)
             ref_logits, margin = forward_step_chosen(ref, prompt + tokens, len(prompt), n_static, n_select,
-                                                     lambda il, h, gate: score_of(ref, il, h, gate, n_static))
+                                                     lambda il, h, gate: score_of(ref, il, h, gate, n_static), dropped)
             if margin > 2e-5:  # no float-level near-tie at any step's boundary
                 break
         else:
@@ -414,6 +421,35 @@ def test_profile_budgets_need_the_files_shares(si_model, monkeypatch):
         Model(si_model)
     with Model(si_model, layer_budgets="uniform") as m:  # the caller's setting wins over the environment
         assert m.selection_config()["layer_budgets"] == "uniform"
+
+
+# --- dropped-neuron compensation (the predicted fixture: its profile has input moments) -----------
+
+def test_gate_guided_with_compensation_matches_reference(predicted_si_model):
+    """A file with gate statistics compensates by default: each step's dropped gathered neurons
+    count with the reference's expected activation (cpp/compensation.h)."""
+    check_step_chosen(predicted_si_model, "gate-guided", gate_score)
+
+
+def test_compensation_off_matches_reference(predicted_si_model, monkeypatch):
+    """compensate=False (or SELECTINFER_COMPENSATE=0) drops the neurons outright, and the logits differ."""
+    on = check_step_chosen(predicted_si_model, "predicted", predicted_score)
+    off = check_step_chosen(predicted_si_model, "predicted", predicted_score, compensate=False)
+    assert np.abs(on - off).max() > 1e-3 * np.abs(on).max()
+    monkeypatch.setenv("SELECTINFER_COMPENSATE", "0")
+    with Model(predicted_si_model, n_ctx=64, strategy="predicted") as m:
+        assert m.selection_config()["compensate"] is False
+    with Model(predicted_si_model, n_ctx=64, strategy="predicted", compensate=True) as m:
+        assert m.selection_config()["compensate"] is True
+
+
+def test_compensation_leaves_prompt_strategies_alone(predicted_si_model):
+    """The frequency strategy's decode is the same with compensation on or off (nothing to compensate)."""
+    runs = []
+    for compensate in (True, False):
+        with Model(predicted_si_model, n_ctx=128, compute_ratio=0.4, compensate=compensate) as m:
+            runs.append(decode(m, m.tokenize(PROMPTS[0]), 4)[1])
+    np.testing.assert_array_equal(runs[0], runs[1])
 
 
 def test_predicted_strategy_needs_a_predictor(si_model):
@@ -536,6 +572,7 @@ def test_explicit_settings_override_the_environment(si_model, monkeypatch):
     ("SELECTINFER_TOKEN_RATIO", "nan", "SELECTINFER_TOKEN_RATIO='nan' is not a number"),
     ("SELECTINFER_LAYER_BUDGETS", "even", "SELECTINFER_LAYER_BUDGETS='even': use uniform or profile"),
     ("SELECTINFER_COMPUTE_RATIO", "0.9", r"compute ratio \(phi\) 0.9 must lie between"),
+    ("SELECTINFER_COMPENSATE", "1", "dropped-neuron compensation needs the gate statistics"),
 ])
 def test_bad_environment_knobs(si_model, monkeypatch, name, value, match):
     monkeypatch.setenv(name, value)
@@ -552,6 +589,7 @@ def test_bad_environment_knobs(si_model, monkeypatch, name, value, match):
     ({"strategy": "best"}, "strategy must be frequency, sum-magnitude, fixed, gate-guided or predicted, got 'best'"),
     ({"strategy": "fixed", "select_by": "magnitude"}, "the fixed strategy does not rank tokens"),
     ({"layer_budgets": "even"}, "layer budgets must be uniform or profile, got 'even'"),
+    ({"compensate": True}, "dropped-neuron compensation needs the gate statistics .* --input-moments"),
 ])
 def test_bad_knobs(si_model, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -576,6 +614,10 @@ def test_cli_knobs(cli, si_model, tiny_model):
     assert unknown.returncode != 0 and "invalid value 'even' for --layer-budgets (uniform or profile)" in unknown.stderr
     no_shares = cli("-m", si_model, "-p", "the capital", "--layer-budgets", "profile")
     assert no_shares.returncode == 1 and "need the neuron shares" in no_shares.stderr
+    no_stats = cli("-m", si_model, "-p", "the capital", "--strategy", "gate-guided", "--compensate")
+    assert no_stats.returncode == 1 and "needs the gate statistics" in no_stats.stderr
+    off = cli("-m", si_model, "-p", "the capital", "-n", "2", "--strategy", "gate-guided", "--no-compensate")
+    assert off.returncode == 0, off.stderr
     bad = cli("-m", si_model, "-p", "the capital", "--compute-ratio", "0.95")
     assert bad.returncode == 1 and "compute ratio (phi)" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1

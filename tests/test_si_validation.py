@@ -130,6 +130,41 @@ def test_good_neuron_shares_give_per_layer_budgets(si_parts, tmp_path):
     assert sum(counts.values()) == 204 and counts[1] != counts[2]
 
 
+GOOD_RMS, GOOD_SLOPE = [1.0] * 192, [0.5] * 192
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"gate_rms__1": GOOD_RMS[:-1]}, r"selectinfer.gate_rms.1 has 191 values for the 192 neurons of layer 1"),
+    ({"up_slope__2": GOOD_SLOPE + [0.5]}, r"selectinfer.up_slope.2 has 193 values for the 192 neurons of layer 2"),
+    ({"gate_rms__1": [-1.0] + GOOD_RMS[1:]}, r"selectinfer.gate_rms.1 holds -1.0+, not a finite root mean square >= 0"),
+    ({"gate_rms__2": [float("inf")] + GOOD_RMS[1:]}, r"selectinfer.gate_rms.2 holds inf, not a finite root mean square"),
+    ({"up_slope__1": [float("nan")] + GOOD_SLOPE[1:]}, r"selectinfer.up_slope.1 holds -?nan, not a finite slope"),
+    ({"up_slope__1": None}, r"selectinfer.gate_rms.1 is present but selectinfer.up_slope.1 is not"),
+    ({"gate_rms__2": None}, r"selectinfer.up_slope.2 is present but selectinfer.gate_rms.2 is not"),
+    ({"gate_rms__2": None, "up_slope__2": None}, r"selectinfer.gate_rms.2 is missing, but other layers have their gate statistics"),
+    ({"gate_rms__1": [1] * 192}, r"selectinfer.gate_rms.1 is an array of i32, not of f32"),
+])
+def test_bad_gate_statistics_are_refused(si_parts, tmp_path, changes, message):
+    _, fields, tensors = si_parts
+    stats = {f"selectinfer__{name}__{il}": arr(values, V.FLOAT32)
+             for il in (1, 2) for name, values in (("gate_rms", GOOD_RMS), ("up_slope", GOOD_SLOPE))}
+    for key, values in changes.items():
+        stats[f"selectinfer__{key}"] = None if values is None else arr(
+            values, V.INT32 if isinstance(values[0], int) else V.FLOAT32)
+    changed = with_fields(fields, **{k: v for k, v in stats.items() if v is not None})  # None: left out
+    with pytest.raises(ModelLoadError, match=message):
+        Model(write_gguf(tmp_path / "bad.gguf", changed, tensors), n_ctx=64)
+
+
+def test_good_gate_statistics_turn_compensation_on(si_parts, tmp_path):
+    _, fields, tensors = si_parts
+    good = with_fields(fields, **{f"selectinfer__{name}__{il}": arr(values, V.FLOAT32)
+                                  for il in (1, 2) for name, values in (("gate_rms", GOOD_RMS), ("up_slope", GOOD_SLOPE))})
+    with Model(write_gguf(tmp_path / "good.gguf", good, tensors), n_ctx=64, strategy="gate-guided") as m:
+        assert m.selection_config()["compensate"] is True
+        assert len(m.generate("the capital of", max_tokens=3, temperature=0)) > 0
+
+
 def test_ffn_down_t_without_metadata_is_refused(si_parts, tmp_path):
     _, fields, tensors = si_parts
     dense_keys = {k: v for k, v in fields.items() if not k.startswith("selectinfer.")}
@@ -252,14 +287,16 @@ def test_the_reader_and_the_writer_agree_on_the_keys(si_parts):
     import re
     from pathlib import Path
 
-    from selectinfer.convert import NEURON_SHARES_KEY, SI_FORMAT_VERSION
+    from selectinfer.convert import GATE_RMS_KEY, NEURON_SHARES_KEY, SI_FORMAT_VERSION, UP_SLOPE_KEY
 
     source = (Path(__file__).resolve().parent.parent / "cpp" / "si_gguf.cpp").read_text()
     keys = re.findall(r'constexpr const char \* k\w+ += "(selectinfer\.[\w.]+)"', source)
     _, fields, _ = si_parts
     assert len(keys) >= 10
-    assert NEURON_SHARES_KEY in keys  # written only by a profile ranking, which this random-ranked file lacks
-    for key in (k for k in keys if k != NEURON_SHARES_KEY):
+    # written only from a profile (its ranking; its input moments), which this random-ranked file lacks
+    optional = (NEURON_SHARES_KEY, GATE_RMS_KEY, UP_SLOPE_KEY)
+    assert all(key in keys for key in optional)
+    for key in (k for k in keys if k not in optional):
         if key.endswith("."):  # per-layer keys: selectinfer.neuron_ids.<layer>
             assert any(k.startswith(key) for k in fields), key
         else:

@@ -139,7 +139,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from .convert import parse_size
-    from .evaluate import run_eval
+    from .evaluate import STEP_RULES, run_eval
 
     preset = EVAL_QUICK if args.quick else EVAL_FULL
     for name, value in preset.items():  # what the command line leaves open, the mode decides
@@ -154,7 +154,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         from .prepare import cached_profile
 
         profile = cached_profile(source, max_prompts=args.profile_prompts, n_threads=args.threads,
-                                 input_moments=args.predictor_rank > 0)
+                                 input_moments=args.predictor_rank > 0 or any(r in STEP_RULES for r in args.select_by))
     report, written = run_eval(
         source, Path(args.output), profile=profile, task=args.profile_task, gammas=args.gammas, phis=args.phis,
         select_by=args.select_by, quants=args.quants, si_quants=args.si_quants, delta=args.static_ratio,
@@ -162,7 +162,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         tasks=tasks, n=args.n, n_threads=args.threads, speed_rounds=args.speed_rounds, n_prompt=args.n_prompt,
         n_gen=args.n_gen, memory_limit_bytes=parse_size(args.memory_limit) if args.memory_limit else None,
         repack=not args.no_repack, prepare_budget=args.prepare_budget, n_ctx=args.ctx_size,
-        predictor_rank=args.predictor_rank, layer_budgets=args.layer_budgets,
+        predictor_rank=args.predictor_rank, layer_budgets=args.layer_budgets, compensation=args.compensation,
         command="selectinfer " + " ".join(sys.argv[1:]))
     for path in written:
         print(path)
@@ -368,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layer-budgets", nargs="+", choices=list(LAYER_BUDGETS), default=["uniform"],
                    help="how each phi is shared out over the layers: uniform (phi N in every layer, the method's; "
                         "the default) and/or profile (the same bytes, per layer by the profile's mass shares)")
+    p.add_argument("--compensation", nargs="+", choices=["on", "off"], default=["on"],
+                   help="gate-guided and predicted with dropped-neuron compensation (on, the default; the files "
+                        "then come from a profile with input moments) and/or without it (off)")
     p.add_argument("--quants", nargs="*", help="quantized baselines (default F16 Q8_0 Q4_0 Q4_K_M; --quick Q4_0)")
     p.add_argument("--si-quants", nargs="*",
                    help="also SelectInfer files made from these quantized baselines at the middle gamma "

@@ -30,6 +30,9 @@ best rank-R approximation of W h (W: the gathered gate rows) in the mean square 
 inputs: W C^{1/2} = U S V^T, pred_in = V_R^T C^{-1/2} (`blk.N.ffn_gate_pred_in`, ne [n_embd, R]),
 pred_out = U_R S_R (`blk.N.ffn_gate_pred_out`, ne [R, n_gathered]); in the gate's type as ffn_down_t
 is (predictor_type), right after the layer's FFN tensors; `selectinfer.predictor_rank` holds R.
+A profile with input moments also gives every loaded neuron's gate statistics (gate_stats:
+`selectinfer.gate_rms.N`, `selectinfer.up_slope.N`, F32, file order), which the engine's
+dropped-neuron compensation needs.
 """
 from __future__ import annotations
 
@@ -50,6 +53,8 @@ from .profiles import Profile
 SI_FORMAT_VERSION = 2
 PREDICTOR_RANK_KEY = "selectinfer.predictor_rank"  # u32, present only in files with a gate predictor
 NEURON_SHARES_KEY = "selectinfer.neuron_shares."  # + layer; in profile-ranked files only
+GATE_RMS_KEY = "selectinfer.gate_rms."  # + layer; from a profile with input moments (gate_stats)
+UP_SLOPE_KEY = "selectinfer.up_slope."  # + layer; with GATE_RMS_KEY
 PREDICTOR_RANK_STEP = 32  # Q8_0 blocks: the rank is the row length of pred_out
 # run-time defaults written into the file (the authors' reference values): phi and alpha
 DEFAULT_COMPUTE_RATIO = 0.4
@@ -345,6 +350,29 @@ def gate_predictor(gate: np.ndarray, moments: np.ndarray, rank: int) -> tuple[np
     return vt[:rank] @ c_inv_half, u[:, :rank] * s[:rank]
 
 
+def gate_stats(gate: np.ndarray, up: np.ndarray, moments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(gate_rms, up_slope) per neuron, float32, from its gate and up rows [n, n_embd] and E[h h^T]:
+    sqrt(E[g^2]) and E[g u] / E[g^2] (0 for a gate that is always 0), what the engine's dropped-neuron
+    compensation models a neuron by (cpp/compensation.h)."""
+    gate, up = np.asarray(gate, dtype=np.float64), np.asarray(up, dtype=np.float64)
+    gate_c = gate @ np.asarray(moments, dtype=np.float64)
+    mean_square = np.maximum(np.einsum("ij,ij->i", gate_c, gate), 0.0)
+    cross = np.einsum("ij,ij->i", gate_c, up)
+    slope = np.divide(cross, mean_square, out=np.zeros_like(cross), where=mean_square > 0)
+    return np.sqrt(mean_square).astype(np.float32), slope.astype(np.float32)
+
+
+def _gate_stats_keys(src: SourceGGUF, plans: dict[int, LayerPlan], moments: np.ndarray) -> list[tuple]:
+    by_name = {t["name"]: t for t in src.tensors}
+    keys = []
+    for il, plan in plans.items():
+        gate = _dequantized_rows(src, by_name[f"blk.{il}.ffn_gate.weight"], plan.neuron_ids)
+        up = _dequantized_rows(src, by_name[f"blk.{il}.ffn_up.weight"], plan.neuron_ids)
+        rms, slope = gate_stats(gate, up, moments[il])
+        keys += [(f"{GATE_RMS_KEY}{il}", "arr_f32", rms.tolist()), (f"{UP_SLOPE_KEY}{il}", "arr_f32", slope.tolist())]
+    return keys
+
+
 def _encode_predictor(values: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
     """Predictor rows in their type (predictor_type), by ggml's own quantizer."""
     values = np.ascontiguousarray(values, dtype=np.float32)
@@ -607,6 +635,8 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
                  for il in layer_range]
     if predictor_rank > 0:
         keys.append((PREDICTOR_RANK_KEY, "u32", predictor_rank))
+    if prof is not None and prof.input_moments is not None:
+        keys += _gate_stats_keys(src, plans, prof.input_moments)
     tensors = _output_tensors(src, plans, predictor_rank)
     predictors = _Predictors(src, plans, prof.input_moments, predictor_rank) if predictor_rank > 0 else None
     with atomic_path(output) as tmp:
@@ -666,6 +696,9 @@ def inspect(path: str | os.PathLike) -> str:
         f"predictor     {_predictor_summary(src)}",
         "budgets       uniform" + (", or per layer by the profile's neuron shares (layer_budgets=profile)"
                                    if src.get(f"{NEURON_SHARES_KEY}{layers[0]}") is not None else ""),
+        "compensation " + (" gate statistics: gate-guided and predicted add the dropped neurons' expected output"
+                           if src.get(f"{GATE_RMS_KEY}{layers[0]}") is not None
+                           else " none (no gate statistics: convert from a profile with input moments)"),
         "layer  width  static  profiled mass loaded",
     ]
     for il in range(n_layer):

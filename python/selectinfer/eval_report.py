@@ -10,7 +10,8 @@ FAMILY_STYLE = {"original": ("k", "*"), "quantized": ("tab:blue", "s"), "selecti
                 "coreinfer": ("tab:red", "^"), "random": ("tab:gray", "x")}
 # SelectInfer points by selection rule (SELECTION_RULES), where a run has several
 RULE_STYLE = {"value": ("tab:green", "o"), "magnitude": ("tab:olive", "D"), "sum-magnitude": ("tab:cyan", "P"),
-              "fixed": ("tab:brown", "v"), "gate-guided": ("tab:purple", "h"), "predicted": ("tab:pink", "p")}
+              "fixed": ("tab:brown", "v"), "gate-guided": ("tab:purple", "h"), "predicted": ("tab:pink", "p"),
+              "gate-guided uncompensated": ("tab:purple", "1"), "predicted uncompensated": ("tab:pink", "2")}
 
 
 def _groups(rows: list[dict]):

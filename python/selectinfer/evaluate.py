@@ -20,6 +20,7 @@ paired difference against the original model on the same examples (metrics.py).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -88,29 +89,41 @@ def _phis_within(phis, gamma: float, delta: float) -> list[float]:
     return [phi for phi in phis if delta - 1e-6 <= phi <= gamma + 1e-6 and abs(phi - gamma) > 1e-6]
 
 
+STEP_RULES = ("gate-guided", "predicted")  # the rules whose decode steps choose (and compensate, when on)
+
+
 def selectinfer_configs(path: Path, family: str, gamma: float, delta: float, phis, select_by, weight_type: str,
-                        loaded_only: bool = True, layer_budgets=("uniform",)) -> list[Config]:
+                        loaded_only: bool = True, layer_budgets=("uniform",), compensation=("on",)) -> list[Config]:
     name = path.stem
     out = [Config(f"{name} loaded-only", family, str(path), {"dense": True}, weight_type, gamma)] if loaded_only else []
     extra = {"coreinfer": True} if family == "coreinfer" else {}
     for phi in _phis_within(phis, gamma, delta):
         for by in select_by:
-            for budgets in layer_budgets:  # uniform: the method's phi N per layer (labels without a suffix)
-                per_layer = {} if budgets == "uniform" else {"layer_budgets": budgets}
+            for budgets, comp in itertools.product(layer_budgets, compensation):
+                if comp == "off" and by not in STEP_RULES:
+                    continue  # (the prompt's choice has nothing to compensate)
+                # uniform and on, the engine's defaults: labels without a suffix
+                settings = {"layer_budgets": budgets} if budgets != "uniform" else {}
                 suffix = "" if budgets == "uniform" else f" {budgets} budgets"
+                if comp == "off":
+                    settings["compensate"] = False
+                    suffix += " uncompensated"
                 out.append(Config(f"{name} phi {phi} {by}{suffix}", family, str(path),
-                                  {"compute_ratio": phi, **SELECTION_RULES[by], **per_layer, **extra}, weight_type,
-                                  gamma, phi, by))
+                                  {"compute_ratio": phi, **SELECTION_RULES[by], **settings, **extra}, weight_type,
+                                  gamma, phi, by if comp == "on" else f"{by} uncompensated"))
     return out
 
 
 def build_configs(source: Path, out_dir: Path, *, profile: Path | None, task: str, gammas, phis, select_by,
                   quants, si_quants, delta: float = DEFAULT_DELTA, baselines: bool = True,
-                  predictor_rank: int = 0, layer_budgets=("uniform",), progress: bool = True) -> list[Config]:
+                  predictor_rank: int = 0, layer_budgets=("uniform",), compensation=("on",),
+                  progress: bool = True) -> list[Config]:
     """Every configuration of the grid, its files made (or reused) under out_dir/models; delta: the
     static ratio of the SelectInfer files (their names carry it when it is not the default);
     predictor_rank: the main grid's files carry a gate predictor of that rank (names: pR);
-    layer_budgets: the main grid's configurations at each phi with each of these ("uniform", "profile")."""
+    layer_budgets: the main grid's configurations at each phi with each of these ("uniform", "profile");
+    compensation: "on" (the engine's default: dropped-neuron compensation where the file has the
+    gate statistics) and/or "off", for the rules whose decode steps choose (STEP_RULES)."""
     from .convert import convert
     from .registry import quantize
 
@@ -143,7 +156,7 @@ def build_configs(source: Path, out_dir: Path, *, profile: Path | None, task: st
     for gamma in gammas:
         path = si_file(source, gamma, delta, ranking, tag("si", gamma), predictor_rank)
         configs += selectinfer_configs(path, "selectinfer", gamma, delta, phis, select_by, source_type,
-                                       layer_budgets=layer_budgets)
+                                       layer_budgets=layer_budgets, compensation=compensation)
     mid_gamma = sorted(gammas)[len(gammas) // 2]
     for qtype in si_quants:
         if qtype == source_type:
@@ -372,7 +385,7 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
              speed_rounds: int = 3, n_prompt: int = 64, n_gen: int = 32, n_bootstrap: int = metrics.N_BOOTSTRAP,
              n_ctx: int = 2048, memory_limit_bytes: int | None = None, repack: bool = True, command: str = "",
              prepare_budget: str | None = None, predictor_rank: int = 0, layer_budgets=("uniform",),
-             progress: bool = True) -> tuple[dict, list[Path]]:
+             compensation=("on",), progress: bool = True) -> tuple[dict, list[Path]]:
     """Builds the grid's files, runs every configuration in a child process of its own (tasks; speed
     too where it is not interleaved), the interleaved speed rounds, and writes the report; returns
     it and the files written.
@@ -402,7 +415,7 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
     configs = build_configs(source, out_dir, profile=profile, task=task, gammas=list(gammas), phis=list(phis),
                             select_by=list(select_by), quants=list(quants), si_quants=list(si_quants),
                             delta=delta, baselines=baselines, predictor_rank=predictor_rank,
-                            layer_budgets=list(layer_budgets), progress=progress)
+                            layer_budgets=list(layer_budgets), compensation=list(compensation), progress=progress)
     from .convert import parse_size
     from .prepare import budget_workload
 

@@ -54,7 +54,8 @@ class _StopFilter:
 
 
 # Model's keywords for selective computation (SelectionOverrides), for callers that pass them on.
-SELECTION_KEYWORDS = ("strategy", "compute_ratio", "layer_budgets", "token_ratio", "select_by", "dense", "coreinfer")
+SELECTION_KEYWORDS = ("strategy", "compute_ratio", "layer_budgets", "token_ratio", "select_by", "dense", "coreinfer",
+                      "compensate")
 LAYER_BUDGETS = tuple(_native.LAYER_BUDGETS)  # "uniform" (phi N per layer, the method's), "profile"
 STRATEGIES = tuple(_native.STRATEGIES)  # "frequency" (the method's, the default), "sum-magnitude", ...
 # The ways a prompt chooses its neurons, by name (selectinfer eval --select-by) -> Model keywords:
@@ -85,13 +86,14 @@ class Model:
         flash_attn: None lets llama.cpp decide (its default), True/False forces it on/off.
         profile: accumulate FFN activation statistics while evaluating (see `activation_sums`).
         profile_input_moments: with profile, also the FFN inputs' h h^T (see `input_moments`).
-        strategy, compute_ratio, layer_budgets, token_ratio, select_by, dense, coreinfer: selective
+        strategy, compute_ratio, layer_budgets, token_ratio, select_by, dense, coreinfer, compensate: selective
             computation of a SelectInfer GGUF (how a prompt chooses its neurons: "frequency", the
             method's, "sum-magnitude", "fixed", or per decode step "gate-guided" or "predicted"; phi;
             "uniform", phi N neurons in every layer, or "profile", the same bytes shared out over the
             layers by the file's profile shares; alpha; "value" or "magnitude" for frequency; compute
             every loaded neuron; CoreInfer mode: no static neurons, for a gamma = 1, delta = 0
-            file); a value given here overrides the SELECTINFER_* environment variables, None keeps
+            file; for gate-guided and predicted, add the dropped neurons' expected output, on by
+            default in files with gate statistics); a value given here overrides the SELECTINFER_* environment variables, None keeps
             them (or the file's defaults).
         verbose: let llama.cpp log to stderr.
     """
@@ -103,7 +105,7 @@ class Model:
                  compute_ratio: float | None = None, layer_budgets: str | None = None,
                  token_ratio: float | None = None,
                  select_by: str | None = None, dense: bool | None = None, coreinfer: bool | None = None,
-                 verbose: bool = False):
+                 compensate: bool | None = None, verbose: bool = False):
         self.model_path = os.fspath(model_path)
         if not os.path.isfile(self.model_path):
             raise FileNotFoundError(f"model file not found: {self.model_path} "
@@ -130,6 +132,7 @@ class Model:
         sel.by_magnitude = None if select_by is None else select_by == "magnitude"
         sel.dense = None if dense is None else bool(dense)
         sel.coreinfer = None if coreinfer is None else bool(coreinfer)
+        sel.compensate = None if compensate is None else bool(compensate)
         self.seed = seed
         self._engine: _native.Engine | None = _native.Engine(params)
 

@@ -1,0 +1,79 @@
+"""Dropped-neuron compensation (cpp/compensation.cpp): each gathered neuron's expected activation
+when a decode step drops it, against a numpy reference on a finer grid and against a Monte Carlo
+simulation of the steps it models; the converter's gate statistics against numpy."""
+import numpy as np
+import pytest
+from reference import gelu, reference_dropped_means, silu
+
+from selectinfer import _native
+from selectinfer.convert import gate_stats
+
+ACTS = {"silu": silu, "gelu": gelu}
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu"])
+@pytest.mark.parametrize("n_kept", [0, 1, 17, 40, 63, 64])
+def test_dropped_means_match_reference(activation, n_kept):
+    rng = np.random.default_rng(n_kept)
+    rms = rng.uniform(0.05, 4.0, 64).astype(np.float32)
+    rms[5] = 0.0  # a gate that is always 0: never kept, nothing to add
+    slope = rng.normal(0.0, 1.0, 64).astype(np.float32)
+    got = np.array(_native.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation))
+    want = reference_dropped_means(rms, slope, n_kept, ACTS[activation])
+    assert got[5] == 0.0
+    scale = max(np.abs(want).max(), 1e-6)
+    assert np.abs(got - want).max() < 3e-2 * scale, (got, want)  # the engine's grid: 401 points
+    if n_kept == 64:
+        assert np.abs(want).max() < 1e-6  # nothing dropped
+    if n_kept == 0:  # every neuron dropped: the unconditional mean, slope * E[act(g) g]
+        z = np.random.default_rng(1).standard_normal(400_000)
+        mc = slope * np.array([np.mean(ACTS[activation](s * z) * s * z) for s in rms])
+        assert np.abs(got - mc).max() < 0.02 * np.abs(mc).max()
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu"])
+def test_dropped_means_are_what_steps_drop(activation):
+    """Simulated steps: each token's gates g ~ N(0, rms^2), up = slope g + noise, the n_kept neurons
+    with the largest |act(g)| kept; the mean activation of each neuron over the tokens that drop it
+    is what dropped_means predicts."""
+    rng = np.random.default_rng(7)
+    n, n_kept, n_tokens = 300, 100, 20_000
+    rms = rng.uniform(0.3, 3.0, n)
+    slope = rng.normal(0.0, 1.0, n)
+    g = rng.standard_normal((n_tokens, n)) * rms
+    u = slope * g + rng.standard_normal((n_tokens, n))
+    a = ACTS[activation](g) * u
+    score = np.abs(ACTS[activation](g))
+    kept = np.zeros_like(score, dtype=bool)
+    np.put_along_axis(kept, np.argpartition(-score, n_kept - 1, axis=1)[:, :n_kept], True, axis=1)
+    simulated = (a * ~kept).sum(0) / (~kept).sum(0)
+    got = np.array(_native.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation))
+    assert np.corrcoef(got, simulated)[0, 1] > 0.99
+    assert np.abs(got - simulated).max() < 0.05 * np.abs(simulated).max()
+
+
+def test_dropped_means_refuse_bad_arguments():
+    with pytest.raises(ValueError, match="one slope per neuron"):
+        _native.dropped_means([1.0, 1.0], [1.0], 1, "silu")
+    with pytest.raises(ValueError, match="n_kept <= neurons"):
+        _native.dropped_means([1.0], [1.0], 2, "silu")
+    with pytest.raises(ValueError, match="n_kept <= neurons"):
+        _native.dropped_means([1.0], [1.0], -1, "silu")
+    with pytest.raises(ValueError, match="silu or gelu"):
+        _native.dropped_means([1.0], [1.0], 0, "relu")
+
+
+def test_gate_stats_match_numpy():
+    """sqrt(E[g^2]) and E[g u] / E[g^2] over inputs whose second moment is the given one."""
+    rng = np.random.default_rng(3)
+    h = rng.standard_normal((5000, 24)) @ rng.normal(0, 1, (24, 24))
+    moments = h.T @ h / len(h)
+    gate, up = rng.normal(0, 1, (10, 24)), rng.normal(0, 1, (10, 24))
+    gate[3] = 0.0
+    rms, slope = gate_stats(gate, up, moments)
+    g, u = h @ gate.T, h @ up.T
+    assert rms.dtype == np.float32 and slope.dtype == np.float32
+    np.testing.assert_allclose(rms, np.sqrt((g * g).mean(0)), rtol=1e-5)
+    want = np.divide((g * u).mean(0), (g * g).mean(0), out=np.zeros(10), where=rms > 0)
+    np.testing.assert_allclose(slope, want, rtol=1e-4, atol=1e-6)
+    assert rms[3] == 0.0 and slope[3] == 0.0
