@@ -164,9 +164,13 @@ PYBIND11_MODULE(_native, m) {
         .def_readwrite("selection", &ModelParams::selection)
         .def_readwrite("verbose", &ModelParams::verbose);
 
-    py::list strategies;  // the names SelectionOverrides.strategy takes
-    for (Strategy s : kStrategies) strategies.append(strategy_name(s));
+    py::list strategies, step_strategies;  // the names SelectionOverrides.strategy takes; those choosing per step
+    for (Strategy s : kStrategies) {
+        strategies.append(strategy_name(s));
+        if (step_chooses(s)) step_strategies.append(strategy_name(s));
+    }
     m.attr("STRATEGIES") = py::tuple(strategies);
+    m.attr("STEP_STRATEGIES") = py::tuple(step_strategies);
     m.attr("LAYER_BUDGETS") = py::make_tuple(layer_budgets_name(LayerBudgets::uniform),
                                              layer_budgets_name(LayerBudgets::profile));
     m.def(

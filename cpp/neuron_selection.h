@@ -63,7 +63,8 @@ struct SelectionOverrides {
     bool ask_for_selection() const {
         return (strategy && *strategy != Strategy::frequency) || compute_ratio || token_ratio ||
                (layer_budgets && *layer_budgets != LayerBudgets::uniform) ||
-               by_magnitude.value_or(false) || dense.value_or(false) || coreinfer.value_or(false);
+               by_magnitude.value_or(false) || dense.value_or(false) || coreinfer.value_or(false) ||
+               compensate.value_or(false);
     }
     SelectionConfig applied_to(SelectionConfig config) const;
     // SELECTINFER_STRATEGY, _COMPUTE_RATIO, _LAYER_BUDGETS (uniform|profile), _TOKEN_RATIO,

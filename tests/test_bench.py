@@ -2,7 +2,7 @@
 import pytest
 from gguf import GGUFReader
 
-from helpers import make_si_model
+from helpers import make_predicted_si_model, make_si_model
 
 from selectinfer.bench import bytes_read_per_token, format_table, run_bench
 
@@ -46,6 +46,19 @@ def test_bench_runs_each_strategy_at_each_phi(models):
                                           "si.gguf (phi 0.5 gate-guided)"]
     assert results[1].read_bytes == bytes_read_per_token(si, 0.5)
     assert results[2].read_bytes == bytes_read_per_token(si, 0.5, "gate-guided") > results[1].read_bytes
+    assert all(min(r.decode_tokens_per_s) > 0 for r in results)
+
+
+def test_bench_runs_the_step_strategies_with_and_without_compensation(tmp_path):
+    pytest.importorskip("safetensors.numpy", reason="safetensors' extension does not load on this interpreter",
+                        exc_type=ImportError)
+    si = make_predicted_si_model(tmp_path, seed=5, layers="1:3")  # gate statistics: compensated by default
+    results = run_bench([si], n_prompt=8, n_gen=4, repeats=1, n_threads=1, compute_ratios=[0.5],
+                        strategies=["fixed", "gate-guided"], compensation=["on", "off"])
+    name = si.name
+    assert [r.label for r in results] == [f"{name} (dense over loaded)", f"{name} (phi 0.5 fixed)",
+                                          f"{name} (phi 0.5 gate-guided)", f"{name} (phi 0.5 gate-guided, uncompensated)"]
+    assert results[2].read_bytes == results[3].read_bytes == bytes_read_per_token(si, 0.5, "gate-guided")
     assert all(min(r.decode_tokens_per_s) > 0 for r in results)
 
 

@@ -1,13 +1,14 @@
 """The CUDA backend, in the style of llama.cpp's test-backend-ops: every selectinfer op on the GPU
 against numpy and against the CPU op, random inputs, every weight type the CUDA kernels take, odd
 sizes, several token counts; end to end, the default model with every layer on the GPU against the
-CPU, dense and SelectInfer at phi 0.4, and profiling on GPU layers. Skipped, with the reason in the
+CPU, dense and SelectInfer at phi 0.4, the per-step strategies with and without dropped-neuron
+compensation, and profiling on GPU layers. Skipped, with the reason in the
 test summary, where this build or machine has no CUDA GPU (scripts/device_check.sh runs them on
 one). The logic the kernels share with the host is checked everywhere (tests/test_cuda_logic.py)."""
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from helpers import f32, i32, profiled_si_model, stored_rows
+from helpers import f32, i32, make_predicted_si_model, profiled_si_model, stored_rows
 from reference import reference_choose, reference_count
 
 from selectinfer import Model, _native
@@ -158,3 +159,14 @@ def test_profiling_gpu_layers_matches_the_cpu(cuda, default_model):
             sums.append(m.activation_sums()[0])
     for a, b in zip(sums[0], sums[1]):
         np.testing.assert_allclose(b, a, rtol=5e-2, atol=1e-3 * np.abs(a).max())
+
+
+@pytest.mark.parametrize("strategy", ["gate-guided", "predicted"])
+@pytest.mark.parametrize("compensate", [True, False])
+def test_step_strategies_on_the_gpu_decode_like_the_cpu(cuda, tmp_path, strategy, compensate):
+    """Each step's own choice, and the compensation's vectors (made on the host, kept on the
+    layer's device), on the GPU as on the CPU (a tiny model profiled with input moments)."""
+    pytest.importorskip("safetensors.numpy", reason="safetensors' extension does not load on this interpreter",
+                        exc_type=ImportError)
+    path = make_predicted_si_model(tmp_path, seed=11, layers="1:3")
+    gpu_follows_cpu(path, n=8, strategy=strategy, compute_ratio=0.4, compensate=compensate)

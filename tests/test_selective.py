@@ -551,15 +551,19 @@ def test_environment_sets_the_knobs(si_model, monkeypatch):
 def test_explicit_settings_override_the_environment(si_model, monkeypatch):
     """What Model(...) says wins over SELECTINFER_*, False and "value" included; None keeps it."""
     for name, value in [("SELECTINFER_COMPUTE_RATIO", "0.5"), ("SELECTINFER_SELECT_BY", "magnitude"),
-                        ("SELECTINFER_DENSE", "1"), ("SELECTINFER_COREINFER", "1")]:
+                        ("SELECTINFER_DENSE", "1"), ("SELECTINFER_COREINFER", "1"), ("SELECTINFER_COMPENSATE", "1")]:
         monkeypatch.setenv(name, value)
-    with Model(si_model, compute_ratio=0.3, select_by="value", dense=False, coreinfer=False) as m:
+    with Model(si_model, compute_ratio=0.3, select_by="value", dense=False, coreinfer=False, compensate=False) as m:
         cfg = m.selection_config()
     assert cfg == {"strategy": "frequency", "compute_ratio": pytest.approx(0.3), "token_ratio": pytest.approx(0.2),
-                   "select_by": "value", "dense": False, "coreinfer": False, "layer_budgets": "uniform"}
+                   "select_by": "value", "dense": False, "coreinfer": False, "layer_budgets": "uniform",
+                   "compensate": False}
     with pytest.raises((ValueError, ModelLoadError), match="CoreInfer mode"):  # the environment's, on this file
-        Model(si_model)
+        Model(si_model, compensate=False)
+    with pytest.raises((ValueError, ModelLoadError), match="needs the gate statistics"):  # neither has this file
+        Model(si_model, coreinfer=False)
     monkeypatch.delenv("SELECTINFER_COREINFER")
+    monkeypatch.delenv("SELECTINFER_COMPENSATE")
     with Model(si_model) as m:
         cfg = m.selection_config()
     assert cfg["compute_ratio"] == pytest.approx(0.5) and cfg["select_by"] == "magnitude" and cfg["dense"]
@@ -599,6 +603,9 @@ def test_bad_knobs(si_model, kwargs, match):
 def test_knobs_on_a_dense_model(tiny_model):
     with pytest.raises(ValueError, match="need a SelectInfer GGUF"):
         Model(tiny_model("tiny-llama", "F32"), compute_ratio=0.4)
+    with pytest.raises(ValueError, match="need a SelectInfer GGUF"):
+        Model(tiny_model("tiny-llama", "F32"), compensate=True)
+    Model(tiny_model("tiny-llama", "F32"), compensate=False).close()  # restates nothing to do
 
 
 def test_cli_knobs(cli, si_model, tiny_model):

@@ -5,6 +5,7 @@ falls on every model alike; the report gives medians and each model's ratio to t
 """
 from __future__ import annotations
 
+import itertools
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from tqdm import tqdm
 
 from . import _native
 from .convert import NEURON_SHARES_KEY
-from .model import Model
+from .model import STEP_STRATEGIES, Model
 
 BENCH_TEXT = (
     "The history of the city begins with a small settlement on the river, where traders met to exchange "
@@ -68,11 +69,13 @@ class BenchConfig:
 def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, repeats: int = 5,
               n_threads: int = 0, profiling: bool = False, compute_ratios: list[float] | None = None,
               strategies: list[str] | None = None, layer_budgets: list[str] | None = None,
-              repack: tuple[bool, ...] = (True,), n_gpu_layers: int = 0) -> list[BenchResult]:
+              compensation: list[str] | None = None, repack: tuple[bool, ...] = (True,),
+              n_gpu_layers: int = 0) -> list[BenchResult]:
     """Benchmarks each model side by side. profiling=True adds each model with profiling on;
     compute_ratios runs each SelectInfer model densely over its loaded neurons and at each phi
-    within its [delta, gamma], with each of `strategies` (None: the file's) and of `layer_budgets`
-    (None: uniform);
+    within its [delta, gamma], with each of `strategies` (None: the file's), of `layer_budgets`
+    (None: uniform) and, for gate-guided and predicted, of `compensation` ("on", the engine's
+    default, and/or "off"; None: on);
     repack=(True, False) runs every configuration with and without ggml's weight repacking;
     n_gpu_layers: layers on the GPU (a CUDA build), -1 all."""
     configs = []
@@ -85,13 +88,17 @@ def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, r
             for phi in compute_ratios:
                 if not kv["selectinfer.static_ratio"] - eps <= phi <= kv["selectinfer.load_ratio"] + eps:
                     continue
-                for strategy in strategies or [None]:
-                    for budgets in layer_budgets or ["uniform"]:
-                        kwargs = {"compute_ratio": phi, **({"strategy": strategy} if strategy else {}),
-                                  **({"layer_budgets": budgets} if budgets != "uniform" else {})}
-                        label = (f"{name} (phi {phi}{' ' + strategy if strategy else ''}"
-                                 f"{'' if budgets == 'uniform' else ', ' + budgets + ' budgets'})")
-                        configs.append(BenchConfig(label, p, kwargs, _bytes_read(header, phi, strategy, budgets)))
+                for strategy, budgets, comp in itertools.product(strategies or [None], layer_budgets or ["uniform"],
+                                                                 compensation or ["on"]):
+                    if comp == "off" and strategy not in STEP_STRATEGIES:
+                        continue  # (nothing to compensate)
+                    kwargs = {"compute_ratio": phi, **({"strategy": strategy} if strategy else {}),
+                              **({"layer_budgets": budgets} if budgets != "uniform" else {}),
+                              **({"compensate": False} if comp == "off" else {})}
+                    label = (f"{name} (phi {phi}{' ' + strategy if strategy else ''}"
+                             f"{'' if budgets == 'uniform' else ', ' + budgets + ' budgets'}"
+                             f"{', uncompensated' if comp == 'off' else ''})")
+                    configs.append(BenchConfig(label, p, kwargs, _bytes_read(header, phi, strategy, budgets)))
         else:
             configs.append(BenchConfig(name, p, {}, _bytes_read(header)))
         if profiling:

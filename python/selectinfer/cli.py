@@ -28,7 +28,8 @@ def _cmd_bench(args: argparse.Namespace) -> None:
     repack = {"on": (True,), "off": (False,), "both": (True, False)}[args.repack]
     results = run_bench(args.models, n_prompt=args.n_prompt, n_gen=args.n_gen, repeats=args.repeats,
                         n_threads=args.threads, profiling=args.profiling, compute_ratios=args.compute_ratios,
-                        strategies=args.strategies, layer_budgets=args.layer_budgets, repack=repack,
+                        strategies=args.strategies, layer_budgets=args.layer_budgets,
+                        compensation=args.compensation, repack=repack,
                         n_gpu_layers=args.gpu_layers)
     print(f"n_prompt {args.n_prompt}, n_gen {args.n_gen}, {args.repeats} interleaved rounds, "
           f"threads {args.threads or 'all'}" + (f", GPU layers {args.gpu_layers}" if args.gpu_layers else ""))
@@ -139,7 +140,8 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from .convert import parse_size
-    from .evaluate import STEP_RULES, run_eval
+    from .evaluate import run_eval
+    from .model import STEP_STRATEGIES
 
     preset = EVAL_QUICK if args.quick else EVAL_FULL
     for name, value in preset.items():  # what the command line leaves open, the mode decides
@@ -154,7 +156,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         from .prepare import cached_profile
 
         profile = cached_profile(source, max_prompts=args.profile_prompts, n_threads=args.threads,
-                                 input_moments=args.predictor_rank > 0 or any(r in STEP_RULES for r in args.select_by))
+                                 input_moments=args.predictor_rank > 0 or any(r in STEP_STRATEGIES for r in args.select_by))
     report, written = run_eval(
         source, Path(args.output), profile=profile, task=args.profile_task, gammas=args.gammas, phis=args.phis,
         select_by=args.select_by, quants=args.quants, si_quants=args.si_quants, delta=args.static_ratio,
@@ -252,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layer-budgets", nargs="+", choices=list(LAYER_BUDGETS),
                    help="with --compute-ratios: each phi with uniform budgets (phi N per layer, the default) "
                         "and/or the profile's per-layer budgets at the same bytes")
+    p.add_argument("--compensation", nargs="+", choices=["on", "off"],
+                   help="with --strategies gate-guided/predicted: with dropped-neuron compensation (on, the "
+                        "default where the file has gate statistics) and/or without it (off)")
     p.add_argument("--repack", choices=["on", "off", "both"], default="on",
                    help="ggml's weight repacking (AMX, CPU_REPACK): on, off, or every model both ways")
     p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", type=int, default=0, dest="gpu_layers",

@@ -33,7 +33,7 @@ import numpy as np
 
 from . import _native, metrics
 from .convert import DEFAULT_STATIC_RATIO as DEFAULT_DELTA
-from .model import SELECTION_RULES
+from .model import SELECTION_RULES, STEP_STRATEGIES
 from .tasks import format_prompt, load_dataset, sample_examples
 
 # task -> (built-in data set, tokens generated per example; None: scored, not generated)
@@ -89,9 +89,6 @@ def _phis_within(phis, gamma: float, delta: float) -> list[float]:
     return [phi for phi in phis if delta - 1e-6 <= phi <= gamma + 1e-6 and abs(phi - gamma) > 1e-6]
 
 
-STEP_RULES = ("gate-guided", "predicted")  # the rules whose decode steps choose (and compensate, when on)
-
-
 def selectinfer_configs(path: Path, family: str, gamma: float, delta: float, phis, select_by, weight_type: str,
                         loaded_only: bool = True, layer_budgets=("uniform",), compensation=("on",)) -> list[Config]:
     name = path.stem
@@ -100,7 +97,7 @@ def selectinfer_configs(path: Path, family: str, gamma: float, delta: float, phi
     for phi in _phis_within(phis, gamma, delta):
         for by in select_by:
             for budgets, comp in itertools.product(layer_budgets, compensation):
-                if comp == "off" and by not in STEP_RULES:
+                if comp == "off" and by not in STEP_STRATEGIES:
                     continue  # (the prompt's choice has nothing to compensate)
                 # uniform and on, the engine's defaults: labels without a suffix
                 settings = {"layer_budgets": budgets} if budgets != "uniform" else {}
@@ -123,7 +120,7 @@ def build_configs(source: Path, out_dir: Path, *, profile: Path | None, task: st
     predictor_rank: the main grid's files carry a gate predictor of that rank (names: pR);
     layer_budgets: the main grid's configurations at each phi with each of these ("uniform", "profile");
     compensation: "on" (the engine's default: dropped-neuron compensation where the file has the
-    gate statistics) and/or "off", for the rules whose decode steps choose (STEP_RULES)."""
+    gate statistics) and/or "off", for the rules whose decode steps choose (STEP_STRATEGIES)."""
     from .convert import convert
     from .registry import quantize
 

@@ -58,6 +58,7 @@ SELECTION_KEYWORDS = ("strategy", "compute_ratio", "layer_budgets", "token_ratio
                       "compensate")
 LAYER_BUDGETS = tuple(_native.LAYER_BUDGETS)  # "uniform" (phi N per layer, the method's), "profile"
 STRATEGIES = tuple(_native.STRATEGIES)  # "frequency" (the method's, the default), "sum-magnitude", ...
+STEP_STRATEGIES = tuple(_native.STEP_STRATEGIES)  # "gate-guided", "predicted": each decode step chooses (and compensates)
 # The ways a prompt chooses its neurons, by name (selectinfer eval --select-by) -> Model keywords:
 # the method's frequency strategy ranking each token's neurons by value or by magnitude, and the
 # other strategies.
