@@ -39,16 +39,15 @@ std::vector<float> dropped_means(const std::vector<float> & gate_rms, const std:
         total += weight[i];
     }
     for (double & w : weight) w /= total;
-    // each neuron's gate on the grid, and the score a step ranks it by, |act(gate)|
-    std::vector<double> gate(n * kGrid), act(n * kGrid), score(n * kGrid);
+    // each neuron's score on the grid, |act(gate)|, and what it adds to E[act(g) g]
+    std::vector<double> score(n * kGrid), moment(n * kGrid);
     double highest = 0;
     for (size_t j = 0; j < n; ++j) {
         for (int i = 0; i < kGrid; ++i) {
-            const size_t at = j * kGrid + i;
-            gate[at] = (double) gate_rms[j] * z[i];
-            act[at] = activation_of(gate[at], activation);
-            score[at] = std::fabs(act[at]);
-            highest = std::max(highest, score[at]);
+            const double gate = (double) gate_rms[j] * z[i], act = activation_of(gate, activation);
+            score[j * kGrid + i] = std::fabs(act);
+            moment[j * kGrid + i] = act * gate;
+            highest = std::max(highest, std::fabs(act));
         }
     }
     // per neuron, its scores in ascending order and the grid weight at or above each
@@ -87,7 +86,7 @@ std::vector<float> dropped_means(const std::vector<float> & gate_rms, const std:
         for (int i = 0; i < kGrid; ++i) {
             const size_t at = j * kGrid + i;
             if (score[at] < theta) {
-                sum += weight[i] * act[at] * gate[at];
+                sum += weight[i] * moment[at];
                 mass += weight[i];
             }
         }

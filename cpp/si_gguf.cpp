@@ -243,27 +243,36 @@ std::vector<float> read_neuron_shares(const Metadata & m, int il, int64_t n_load
     return shares;
 }
 
-// A layer's gate statistics (compensation.h): one root mean square (finite, >= 0) and one slope
-// (finite) per loaded neuron.
+// One finite value per loaded neuron under `key` (and >= 0 where `non_negative`).
+std::vector<float> read_per_neuron(const Metadata & m, const std::string & key, int il, int64_t n_load,
+                                   bool non_negative, const char * what) {
+    std::vector<float> values = m.floats(key);
+    if ((int64_t) values.size() != n_load) {
+        refuse(key + " has " + std::to_string(values.size()) + " values for the " + std::to_string(n_load) +
+               " neurons of layer " + std::to_string(il));
+    }
+    for (float v : values) {
+        if (!std::isfinite(v) || (non_negative && v < 0.0f)) refuse(key + " holds " + std::to_string(v) + ", not a finite " + what);
+    }
+    return values;
+}
+
+// A layer's gate statistics (compensation.h): one root mean square (>= 0) and one slope per loaded neuron.
 GateStats read_gate_stats(const Metadata & m, int il, int64_t n_load) {
-    GateStats stats;
     const std::string rms_key = layer_key(kGateRms, il), slope_key = layer_key(kUpSlope, il);
     if (!m.has(slope_key)) refuse(rms_key + " is present but " + slope_key + " is not");
-    stats.gate_rms = m.floats(rms_key);
-    stats.up_slope = m.floats(slope_key);
-    for (const auto & [key, values] : {std::pair{rms_key, &stats.gate_rms}, std::pair{slope_key, &stats.up_slope}}) {
-        if ((int64_t) values->size() != n_load) {
-            refuse(key + " has " + std::to_string(values->size()) + " values for the " + std::to_string(n_load) +
-                   " neurons of layer " + std::to_string(il));
-        }
-        for (float v : *values) {
-            if (!std::isfinite(v) || (values == &stats.gate_rms && v < 0.0f)) {
-                refuse(key + " holds " + std::to_string(v) + ", not a finite " +
-                       (values == &stats.gate_rms ? "root mean square >= 0" : "slope"));
-            }
-        }
+    return {read_per_neuron(m, rms_key, il, n_load, true, "root mean square >= 0"),
+            read_per_neuron(m, slope_key, il, n_load, false, "slope")};
+}
+
+// Optional per-layer keys come for every SelectInfer layer or for none.
+template <typename Value>
+void require_every_layer(const std::map<int, Value> & present, const std::map<int, int32_t> & n_load,
+                         const char * prefix, const char * what) {
+    if (present.empty()) return;
+    for (const auto & [il, n] : n_load) {
+        if (!present.count(il)) refuse(layer_key(prefix, il) + " is missing, but other layers have their " + what);
     }
-    return stats;
 }
 
 }  // namespace
@@ -351,20 +360,8 @@ std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model,
         info->n_load[(int) il] = (int32_t) n_load;
         info->n_static[(int) il] = (int32_t) n_static;
     }
-    if (!info->neuron_shares.empty() && info->neuron_shares.size() != info->n_load.size()) {
-        for (const auto & [il, n] : info->n_load) {
-            if (!info->neuron_shares.count(il)) {
-                refuse(layer_key(kNeuronShares, il) + " is missing, but other layers have their shares");
-            }
-        }
-    }
-    if (!info->gate_stats.empty() && info->gate_stats.size() != info->n_load.size()) {
-        for (const auto & [il, n] : info->n_load) {
-            if (!info->gate_stats.count(il)) {
-                refuse(layer_key(kGateRms, il) + " is missing, but other layers have their gate statistics");
-            }
-        }
-    }
+    require_every_layer(info->neuron_shares, info->n_load, kNeuronShares, "shares");
+    require_every_layer(info->gate_stats, info->n_load, kGateRms, "gate statistics");
     for (int il = 0; il < n_layer; ++il) {
         if ((model.layers[il].ffn_down_t || model.layers[il].ffn_down_static) && !info->n_load.count(il)) {
             refuse("blk." + std::to_string(il) + " is a SelectInfer layer (ffn_down_static, ffn_down_t) but layer " +
