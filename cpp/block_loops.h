@@ -422,8 +422,140 @@ inline void add_int_block(U && u, int nr, int lo, int hi, const IntFactors & f, 
         _mm256_storeu_ps(y + 8 * q, _mm256_fmadd_ps(_mm256_set1_ps(f.step[piece]), _mm256_cvtepi32_ps(sum), prev));
     }
 }
+// --- Integer dot products of rows (x86 with AVX2): gathered gate and up at decode --------------
+// One upstream vec_dot call per row spends a horizontal reduction, a scale conversion and an FMA
+// per row and block; ggml's repacked kernels, which the original model runs on, take eight rows
+// per pass (1.5x faster per byte on Zen 4, end to end). Here x is quantized once to int8 per 32
+// values (as upstream's Q8_0) and eight rows go together: per block, each row's integers times
+// x's with vpmaddubsw (weights unsigned), the eight rows' sums reduced together, and the eight
+// rows' scales applied in one FMA. 4-bit types reduce in 16 bits (a lane ends with 16 products,
+// at most 16 * 15 * 127 < 2^15), Q8_0 in 32 (its signed products are twice as large).
+#if defined(__F16C__)
+#define SI_INT_DOTS 1
+template <ggml_type T> constexpr bool has_int_dots =
+    T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1 || T == GGML_TYPE_Q8_0;
+
+// x quantized per 32 values: x[i] ~ d[i / 32] * q[i]; sum[b] = sum of block b's q.
+struct Int8Vector {
+    int8_t * q;
+    float * d;
+    int32_t * sum;
+};
+
+inline size_t int8_vector_bytes(int64_t K) { return (size_t) K + (size_t) (K / 32) * 8 + 64; }
+
+// The vector's arrays in buf (int8_vector_bytes(K) bytes).
+inline Int8Vector int8_vector_at(void * buf, int64_t K) {
+    int8_t * q = (int8_t *) buf;
+    float * d = (float *) (((uintptr_t) (q + K) + 31) & ~(uintptr_t) 31);
+    return {q, d, (int32_t *) (d + K / 32)};
+}
+
+// x[0..K) (K a multiple of 32) to int8 per block: d = max |x| / 127, q = round(x / d). A block with
+// a NaN or an infinity gets d = NaN, so that every dot product with it is NaN (never finite).
+inline void quantize_int8(const float * x, int64_t K, const Int8Vector & out) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    for (int64_t b = 0; b < K / 32; ++b) {
+        __m256 v[4], m = _mm256_setzero_ps();
+        bool finite = true;
+        for (int i = 0; i < 4; ++i) {
+            v[i] = _mm256_loadu_ps(x + 32 * b + 8 * i);
+            const __m256 a = _mm256_and_ps(v[i], magnitude);
+            finite &= _mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(3.0e38f), _CMP_LE_OQ)) == 0xFF;
+            m = _mm256_max_ps(m, a);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float amax = _mm_cvtss_f32(m4), d = amax / 127.0f;
+        const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m256i q32[4];
+        for (int i = 0; i < 4; ++i) q32[i] = finite ? _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)) : _mm256_setzero_si256();
+        // 32-bit to 8-bit lanes: packs work within 128-bit halves, the permute restores the order
+        const __m256i q16 = _mm256_packs_epi32(q32[0], q32[1]), q16b = _mm256_packs_epi32(q32[2], q32[3]);
+        const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16, q16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *) (out.q + 32 * b), q8);
+        const __m256i wide = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q8), _mm256_set1_epi16(1));
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(wide), _mm256_extracti128_si256(wide, 1));
+        s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+        out.sum[b] = _mm_cvtsi128_si32(s);
+        out.d[b] = finite ? d : NAN;
+    }
+}
+
+template <ggml_type T> struct DotRowsInt {
+    static constexpr int64_t bytes = block_bytes<T>;
+    static constexpr int quants_at = T == GGML_TYPE_Q4_1 ? 4 : 2;  // after d (and Q4_1's m)
+
+    // Eight rows' halves at offset `at` of block b as floats (F16C).
+    static __m256 halves(const char * const * r, int64_t b, int at) {
+        auto h = [&](int k) { int16_t v; std::memcpy(&v, r[k] + bytes * b + at, 2); return v; };
+        return _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)));
+    }
+
+    // Block b of the eight rows dotted with x's block: one int32 per row.
+    static __m256i block_sums(const char * const * r, int64_t b, __m256i xq) {
+        if constexpr (T == GGML_TYPE_Q8_0) {
+            __m256i p[8];
+            for (int k = 0; k < 8; ++k) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *) (r[k] + bytes * b + quants_at));
+                p[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w)),
+                                         _mm256_set1_epi16(1));
+            }
+            // 32-bit lanes: rows 0-3 in each half of h0, 4-7 of h1, then the halves added
+            const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+            return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+        } else {
+            __m256i p[8];
+            for (int k = 0; k < 8; ++k) {
+                p[k] = _mm256_maddubs_epi16(int_block_u<T>((const uint8_t *) r[k] + bytes * b + quants_at, 0), xq);
+            }
+            // 16-bit lanes: each half ends with rows 0-7 (values 0-15 in the low half, 16-31 in the high)
+            const __m256i h = _mm256_hadd_epi16(
+                _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3])),
+                _mm256_hadd_epi16(_mm256_hadd_epi16(p[4], p[5]), _mm256_hadd_epi16(p[6], p[7])));
+            return _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(h)),
+                                    _mm256_cvtepi16_epi32(_mm256_extracti128_si256(h, 1)));
+        }
+    }
+
+    // out[k] = row k . x for nr <= GROUP rows; next: rows read after these, fetched ahead.
+    static void run(const char * const * rows, int nr, const Int8Vector & x, int64_t K, float * out,
+                    const char * const * next = nullptr, int n_next = 0) {
+        static_assert(GROUP == 8, "eight rows per pass");
+        const char * r[8];
+        for (int k = 0; k < 8; ++k) r[k] = rows[k < nr ? k : 0];  // missing rows repeat row 0
+        __m256 acc = _mm256_setzero_ps();
+        const int64_t n_blocks = K / 32;
+        for (int64_t b = 0; b < n_blocks; ++b) {
+            const int64_t line = (bytes * (b + 1) - 1) & ~63;
+            if (line >= bytes * b) {  // a cache line ends in this block: the next rows' same line
+                for (int k = 0; k < n_next; ++k) __builtin_prefetch(next[k] + line, 0, 1);
+            }
+            const __m256i s = block_sums(r, b, _mm256_loadu_si256((const __m256i *) (x.q + 32 * b)));
+            const __m256 d = _mm256_mul_ps(halves(r, b, 0), _mm256_set1_ps(x.d[b]));
+            if constexpr (T == GGML_TYPE_Q4_0) {  // d (u - 8): the zero point times x's sum
+                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(s, _mm256_set1_epi32(8 * x.sum[b]))), acc);
+            } else {
+                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
+                if constexpr (T == GGML_TYPE_Q4_1) {  // d u + m: m times x's sum
+                    acc = _mm256_fmadd_ps(halves(r, b, 2), _mm256_set1_ps(x.d[b] * (float) x.sum[b]), acc);
+                }
+            }
+        }
+        float sums[8];
+        _mm256_storeu_ps(sums, acc);
+        std::memcpy(out, sums, nr * sizeof(float));
+    }
+};
+#else
+template <ggml_type T> constexpr bool has_int_dots = false;
+#endif  // __F16C__
 #else
 template <ggml_type T> constexpr bool has_int_rows = false;
+template <ggml_type T> constexpr bool has_int_dots = false;
 #endif
 
 // y[0..E) += sum_k v[k] * rows[k][0..E) for nr <= ADD_GROUP rows, block by block: the weight

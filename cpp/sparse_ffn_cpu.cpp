@@ -1,7 +1,8 @@
 // CPU kernels of selectinfer's ops (compiled into ggml-cpu).
 //   mul_rows    one token, float weights: eight rows at a time with loops converting in
-//               registers; otherwise ggml's own vec_dot for the weight type, row by row (the
-//               activation converted once to the type's vec_dot_type), like upstream's mul_mat.
+//               registers; Q4_0, Q4_1, Q8_0 on x86 with AVX2: eight rows at a time in integers
+//               (x quantized once to int8); otherwise ggml's own vec_dot for the weight type,
+//               row by row (x converted once to the type's vec_dot_type), like upstream's mul_mat.
 //   mul_rows_t  one token: adds rows sixteen at a time with per-type loops that convert in
 //               registers (block_loops.h), other types row by row;
 //               several tokens: a blocked GEMM over F32 panels of the weight.
@@ -144,6 +145,44 @@ void mul_rows_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
         with_block_type<DotRows>(w->type, (const char * const *) rows, nr, x, K, (float *) dst->data + j);
     }
 }
+
+#if defined(SI_INT_DOTS)
+// Runs DotRowsInt<type>::run(args...); false for a type without integer dot products.
+template <typename... A> bool dot_rows_int(ggml_type type, A... args) {
+    switch (type) {
+        case GGML_TYPE_Q4_0: DotRowsInt<GGML_TYPE_Q4_0>::run(args...); return true;
+        case GGML_TYPE_Q4_1: DotRowsInt<GGML_TYPE_Q4_1>::run(args...); return true;
+        case GGML_TYPE_Q8_0: DotRowsInt<GGML_TYPE_Q8_0>::run(args...); return true;
+        default: return false;
+    }
+}
+
+bool has_int_dots_for(ggml_type type) {
+    return type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0;
+}
+
+// One token (decode), gate and up of 4- and 8-bit rows: x quantized once (thread 0), then rows
+// GROUP at a time in integers, groups dealt out in turn, each thread's next group read ahead.
+void mul_rows_int_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
+    const ggml_tensor * w = dst->src[0];
+    const RowIds row_of(dst);
+    const int64_t n = dst->ne[0], K = w->ne[0];
+    const int ith = params->ith, nth = params->nth;
+    const Int8Vector xq = int8_vector_at(params->wdata, K);
+    if (ith == 0) quantize_int8((const float *) dst->src[1]->data, K, xq);
+    ggml_barrier(params->threadpool);
+    auto row = [&](int64_t j) { return (const char *) w->data + row_of(j) * w->nb[1]; };
+    for (int64_t j = ith * GROUP; j < n; j += nth * GROUP) {
+        const int nr = (int) std::min<int64_t>(GROUP, n - j);
+        const char * rows[GROUP], * next[GROUP];
+        for (int k = 0; k < nr; ++k) rows[k] = row(j + k);
+        int n_next = 0;
+        for (int64_t k = j + nth * GROUP; k < std::min(n, j + (nth + 1) * GROUP); ++k) next[n_next++] = row(k);
+        dot_rows_int(w->type, (const char * const *) rows, nr, xq, K, (float *) dst->data + j,
+                     (const char * const *) next, n_next);
+    }
+}
+#endif
 
 // One token (decode): threads split the neurons; each adds its rows, ADD_GROUP at a time, into a
 // private output row, and the private rows are summed at the end.
@@ -302,7 +341,13 @@ size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks) {
     switch (node->op) {
         case GGML_OP_SI_MUL_ROWS: {
             const ggml_type vdt = ggml_get_type_traits_cpu(node->src[0]->type)->vec_dot_type;
-            return ggml_row_size(vdt, node->src[1]->ne[0]) * node->src[1]->ne[1] + 64;
+            const int64_t K = node->src[1]->ne[0];
+            const size_t in_vec_dot_type = ggml_row_size(vdt, K) * node->src[1]->ne[1] + 64;
+#if defined(SI_INT_DOTS)
+            return std::max(in_vec_dot_type, int8_vector_bytes(K));  // or one token as an Int8Vector
+#else
+            return in_vec_dot_type;
+#endif
         }
         case GGML_OP_SI_MUL_ROWS_T: {
             // one token: a private output row and a converted weight row per thread;
@@ -339,6 +384,12 @@ void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params,
         mul_rows_one_token(params, dst);
         return;
     }
+#if defined(SI_INT_DOTS)
+    if (T == 1 && K % 32 == 0 && has_int_dots_for(w->type)) {
+        mul_rows_int_one_token(params, dst);
+        return;
+    }
+#endif
     // the activation, converted once to the type the weight's dot product wants
     const char * xq = (const char *) x->data;
     if (x->type != vdt) {

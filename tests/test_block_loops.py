@@ -7,6 +7,7 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -54,16 +55,25 @@ def builds(tmp_path_factory):
     return programs
 
 
-def run_level(program, type_name, raw, n_rows, n_cols, v, x):
-    """(decoded rows, x + v @ rows, rows @ x, whether rows are added in integers) from one build."""
+class LevelRun(NamedTuple):
+    values: np.ndarray    # the rows decoded
+    added: np.ndarray     # x + v @ rows
+    dots: np.ndarray      # rows @ x, float loop
+    int_dots: np.ndarray  # rows @ x with x quantized to int8 (the float loop where the build has none)
+    int_rows: bool        # rows are added in integers
+    int_dotted: bool      # int_dots came from the integer loop
+
+
+def run_level(program, type_name, raw, n_rows, n_cols, v, x) -> LevelRun:
     row_bytes = len(raw) // n_rows
     data = raw + v.astype(np.float32).tobytes() + x.astype(np.float32).tobytes()
     result = subprocess.run([str(program), str(int(T[type_name])), str(n_rows), str(n_cols), str(row_bytes)],
                             input=data, capture_output=True, check=True)
     out = np.frombuffer(result.stdout, dtype=np.float32)
-    assert len(out) == n_rows * n_cols + n_cols + n_rows + 1
-    values = out[:n_rows * n_cols].reshape(n_rows, n_cols)
-    return values, out[n_rows * n_cols:n_rows * n_cols + n_cols], out[-n_rows - 1:-1], bool(out[-1])
+    assert len(out) == n_rows * n_cols + n_cols + 2 * n_rows + 2
+    values, rest = out[:n_rows * n_cols].reshape(n_rows, n_cols), out[n_rows * n_cols:]
+    return LevelRun(values, rest[:n_cols], rest[n_cols:n_cols + n_rows], rest[n_cols + n_rows:n_cols + 2 * n_rows],
+                    bool(rest[-2]), bool(rest[-1]))
 
 
 def test_every_level_this_cpu_runs_is_checked(builds):
@@ -74,6 +84,7 @@ def test_every_level_this_cpu_runs_is_checked(builds):
 # quantized types whose rows x86 builds with AVX2 add in integers (block_loops.h, SI_INT_ROWS)
 INT_TYPES = {"Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}
 INT_LEVELS = {"avx2", "avx512"}
+INT_DOT_TYPES = {"Q4_0", "Q4_1", "Q8_0"}  # and dots, x quantized to int8 (block_loops.h, SI_INT_DOTS)
 
 
 @pytest.mark.parametrize("type_name", TYPES)
@@ -87,8 +98,9 @@ def test_block_loops_at_every_level(builds, type_name):
     expected_sum = x + v @ stored
     expected_dots = stored @ x
     for level, program in builds.items():
-        values, y, dots, int_rows = run_level(program, type_name, raw, n_rows, n_cols, v, x)
+        values, y, dots, int_dots, int_rows, int_dotted = run_level(program, type_name, raw, n_rows, n_cols, v, x)
         assert int_rows == (type_name in INT_TYPES and level in INT_LEVELS), level
+        assert int_dotted == (type_name in INT_DOT_TYPES and level in INT_LEVELS), level
         np.testing.assert_allclose(values, stored, rtol=1e-6, atol=1e-6, err_msg=f"{level}: decoded values")
         error = np.abs(y - expected_sum)
         if int_rows:  # 8-bit factors: upstream's dot-product precision (tests/test_sparse_ops.py's bound)
@@ -99,6 +111,10 @@ def test_block_loops_at_every_level(builds, type_name):
                                        err_msg=f"{level}: rows added")
         np.testing.assert_allclose(dots, expected_dots, rtol=1e-4, atol=1e-4 * np.abs(expected_dots).max(),
                                    err_msg=f"{level}: rows dotted")
+        if int_dotted:  # x rounded to 8 bits per 32 values, as upstream's Q8_0 activations
+            error = np.abs(int_dots - expected_dots)
+            assert error.max() <= 2e-2 * np.abs(expected_dots).max(), f"{level}: rows dotted in integers"
+            assert (error ** 2).mean() <= 1e-4 * (expected_dots ** 2).mean(), f"{level}: (mean square)"
 
 
 @pytest.mark.parametrize("type_name", sorted(INT_TYPES))
@@ -113,7 +129,7 @@ def test_rows_added_with_a_non_finite_factor(builds, type_name, bad):
     with np.errstate(invalid="ignore"):
         expected = np.zeros(n_cols) + v @ stored
     for level, program in builds.items():
-        _, y, _, _ = run_level(program, type_name, raw.tobytes(), n_rows, n_cols, v, np.zeros(n_cols))
+        y = run_level(program, type_name, raw.tobytes(), n_rows, n_cols, v, np.zeros(n_cols)).added
         assert not np.isfinite(y[~np.isfinite(expected)]).any(), level  # never silently finite
 
 
@@ -123,5 +139,35 @@ def test_f16_edge_values_at_every_level(builds):
                          np.inf, -np.inf, np.nan, 1.0, -2.5, 0.333], dtype=np.float16)
     row = np.resize(specials, 64)
     for level, program in builds.items():
-        values, _, _, _ = run_level(program, "F16", row.tobytes(), 1, 64, np.ones(1), np.zeros(64))
+        values = run_level(program, "F16", row.tobytes(), 1, 64, np.ones(1), np.zeros(64)).values
         np.testing.assert_array_equal(values[0], row.astype(np.float32), err_msg=level)
+
+
+@pytest.mark.parametrize("type_name", sorted(INT_DOT_TYPES))
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_rows_dotted_with_a_non_finite_input(builds, type_name, bad):
+    # the block of x holding it quantizes with a NaN step: its dot products are NaN, never finite
+    rng = np.random.default_rng(9)
+    n_rows, n_cols = 13, 128
+    raw, stored = stored_rows(type_name, rng.standard_normal((n_rows, n_cols)).astype(np.float32))
+    x = rng.standard_normal(n_cols)
+    x[40] = bad
+    for level, program in builds.items():
+        run = run_level(program, type_name, raw.tobytes(), n_rows, n_cols, np.zeros(n_rows), x)
+        assert not np.isfinite(run.int_dots).any(), level
+
+
+def test_q8_0_rows_of_extreme_bytes_dotted(builds):
+    # -128 is a valid Q8_0 byte that ggml's quantizer never writes: |w| * x pairs reach 2 * 128 * 127
+    from gguf.quants import dequantize
+    rng = np.random.default_rng(10)
+    n_rows, n_cols = 9, 96
+    raw, _ = stored_rows("Q8_0", rng.standard_normal((n_rows, n_cols)).astype(np.float32))
+    blocks = raw.reshape(n_rows, n_cols // 32, 34).copy()
+    blocks[:, :, 2:] = np.where(rng.random((n_rows, n_cols // 32, 32)) < 0.5, 0x80, 0x7F)
+    stored = dequantize(blocks.reshape(n_rows, -1), T.Q8_0)
+    x = np.where(rng.random(n_cols) < 0.5, -1.0, 1.0) * rng.uniform(0.9, 1.0, n_cols)
+    expected = stored @ x
+    for level, program in builds.items():
+        run = run_level(program, "Q8_0", blocks.tobytes(), n_rows, n_cols, np.zeros(n_rows), x)
+        assert np.abs(run.int_dots - expected).max() <= 2e-2 * np.abs(expected).max(), level

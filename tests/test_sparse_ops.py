@@ -40,6 +40,21 @@ def test_mul_rows(type_name, n_tokens, n_threads):
 
 
 @pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("n_threads", [1, 2, 4])
+def test_mul_rows_one_token_many_groups(type_name, n_threads):
+    # decode's loops take rows eight at a time, groups dealt out to threads, each reading its next
+    # group ahead (Q4_0, Q4_1 and Q8_0 in integers on AVX2): many groups and a partial last one
+    rows, cols = 300, 3 * max(BLOCK[type_name], 64)
+    w, w_values = weights(type_name, rows, cols, seed=3)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    ids = rng.integers(0, rows, 101).astype(np.int32)  # unsorted, with repeats
+    got = out_f32(_native.run_sparse_op("mul_rows", [w, f32(x), i32(ids)], n_threads), (1, len(ids)))
+    expected = x.astype(np.float64) @ w_values[ids].T
+    assert np.abs(got - expected).max() <= BOUND[type_name] * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("n_tokens", [1, 5, 70])
 @pytest.mark.parametrize("n_threads", [1, 4])
 @pytest.mark.parametrize("with_ids", [True, False])

@@ -2,7 +2,9 @@
 // tests/test_block_loops.py:  block_loops_check TYPE N_ROWS N_COLS ROW_BYTES < rows v x
 // stdin: N_ROWS rows of ROW_BYTES, then N_ROWS floats v and N_COLS floats x (native order).
 // stdout: every row as floats (N_ROWS x N_COLS), x + sum_k v[k] row k (N_COLS), row k . x (N_ROWS),
-// then 1 where rows are added in integers (8-bit factors, block_loops.h), else 0.
+// row k . x with x quantized to int8 (DotRowsInt where the build has it, else the float loop again;
+// N_ROWS), then 1 where rows are added in integers (8-bit factors, block_loops.h), else 0, and 1
+// where they are dotted in integers, else 0.
 #include "block_loops.h"
 #include "sparse_ffn_ops.h"
 
@@ -28,10 +30,24 @@ template <ggml_type T> struct Check {
         for (int k0 = 0; k0 < n_rows; k0 += GROUP) {
             DotRows<T>::run(rows.data() + k0, std::min(GROUP, n_rows - k0), x, n_cols, dots.data() + k0);
         }
+        std::vector<float> int_dots(dots);
+#if defined(SI_INT_DOTS)
+        if constexpr (has_int_dots<T>) {
+            std::vector<char> buf(int8_vector_bytes(n_cols));
+            const Int8Vector xq = int8_vector_at(buf.data(), n_cols);
+            quantize_int8(x, n_cols, xq);
+            // GROUP at a time, each group reading the next one ahead, as the kernel calls them
+            for (int k0 = 0; k0 < n_rows; k0 += GROUP) {
+                const int nr = std::min(GROUP, n_rows - k0), n_next = std::max(0, std::min(GROUP, n_rows - k0 - GROUP));
+                DotRowsInt<T>::run(rows.data() + k0, nr, xq, n_cols, int_dots.data() + k0, rows.data() + k0 + nr, n_next);
+            }
+        }
+#endif
         fwrite(y.data(), sizeof(float), n_cols, stdout);
         fwrite(dots.data(), sizeof(float), n_rows, stdout);
-        const float int_rows = has_int_rows<T> ? 1.0f : 0.0f;
-        fwrite(&int_rows, sizeof(float), 1, stdout);
+        fwrite(int_dots.data(), sizeof(float), n_rows, stdout);
+        const float flags[2] = {has_int_rows<T> ? 1.0f : 0.0f, has_int_dots<T> ? 1.0f : 0.0f};
+        fwrite(flags, sizeof(float), 2, stdout);
     }
 };
 
