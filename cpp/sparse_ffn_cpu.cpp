@@ -147,18 +147,24 @@ void mul_rows_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
 }
 
 #if defined(SI_INT_DOTS)
-// Runs DotRowsInt<type>::run(args...); false for a type without integer dot products.
-template <typename... A> bool dot_rows_int(ggml_type type, A... args) {
-    switch (type) {
-        case GGML_TYPE_Q4_0: DotRowsInt<GGML_TYPE_Q4_0>::run(args...); return true;
-        case GGML_TYPE_Q4_1: DotRowsInt<GGML_TYPE_Q4_1>::run(args...); return true;
-        case GGML_TYPE_Q8_0: DotRowsInt<GGML_TYPE_Q8_0>::run(args...); return true;
-        default: return false;
+// DotRowsInt<T>::run for a type that has_int_dots (block_loops.h: the one list of those types).
+template <ggml_type T> struct IntDots {
+    template <typename... A> static void run(A... args) {
+        if constexpr (has_int_dots<T>) {
+            DotRowsInt<T>::run(args...);
+        } else {
+            GGML_ABORT("no integer dot products for type %s", ggml_type_name(T));
+        }
     }
-}
+};
 
 bool has_int_dots_for(ggml_type type) {
-    return type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q8_0;
+    switch (type) {
+#define SI_CASE(T) case GGML_TYPE_##T: return has_int_dots<GGML_TYPE_##T>;
+        GGML_SI_FUSED_TYPES(SI_CASE)
+#undef SI_CASE
+        default: return false;
+    }
 }
 
 // One token (decode), gate and up of 4- and 8-bit rows: x quantized once (thread 0), then rows
@@ -178,8 +184,8 @@ void mul_rows_int_one_token(const ggml_compute_params * params, ggml_tensor * ds
         for (int k = 0; k < nr; ++k) rows[k] = row(j + k);
         int n_next = 0;
         for (int64_t k = j + nth * GROUP; k < std::min(n, j + (nth + 1) * GROUP); ++k) next[n_next++] = row(k);
-        dot_rows_int(w->type, (const char * const *) rows, nr, xq, K, (float *) dst->data + j,
-                     (const char * const *) next, n_next);
+        with_block_type<IntDots>(w->type, (const char * const *) rows, nr, xq, K, (float *) dst->data + j,
+                                 (const char * const *) next, n_next);
     }
 }
 #endif
