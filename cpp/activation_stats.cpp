@@ -36,7 +36,7 @@ ActivationStats::ActivationStats(const llama_model * model, bool input_moments) 
     if (input_moments) {
         const int64_t n_embd = model->hparams.n_embd;
         moments_ = std::make_unique<LayerTensors>(model, layers, GGML_TYPE_F32,
-                                                  std::vector<int64_t>(layers.size(), n_embd * n_embd),
+                                                  std::vector<int64_t>(layers.size(), n_embd * n_embd + n_embd),
                                                   "si_ffn_input_moment");
     }
     reset();
@@ -60,14 +60,20 @@ void ActivationStats::add_to_graph(ggml_context * ctx, ggml_cgraph * gf, ggml_te
 
 void ActivationStats::add_input_to_graph(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il) const {
     if (!moments_ || x->ne[1] < 2) return;
-    ggml_tensor * sum = (*moments_)[il];
-    if (x->ne[0] * x->ne[0] != sum->ne[0] || ggml_n_dims(x) > 2 || x->type != GGML_TYPE_F32) {
+    ggml_tensor * acc = (*moments_)[il];
+    const int64_t n = x->ne[0];
+    if (n * n + n != acc->ne[0] || ggml_n_dims(x) > 2 || x->type != GGML_TYPE_F32) {
         throw std::runtime_error("FFN input of layer " + std::to_string(il) + " has an unexpected shape or type");
     }
-    // tokens along ne0, so that the matmul sums x_i x_j over them (upstream's op: any backend)
+    // tokens along ne0, so that the matmul sums x_i x_j over them and sum_rows x_i (upstream's
+    // ops: any backend); x x^T in the first n * n floats, x in the last n
     ggml_tensor * by_channel = ggml_cont(ctx, ggml_transpose(ctx, x));  // [n_tokens, n_embd]
-    ggml_tensor * outer = ggml_reshape_1d(ctx, ggml_mul_mat(ctx, by_channel, by_channel), sum->ne[0]);
-    ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_add(ctx, sum, outer), sum));
+    ggml_tensor * outer = ggml_reshape_1d(ctx, ggml_mul_mat(ctx, by_channel, by_channel), n * n);
+    ggml_tensor * total = ggml_reshape_1d(ctx, ggml_sum_rows(ctx, by_channel), n);
+    ggml_tensor * moments = ggml_view_1d(ctx, acc, n * n, 0);
+    ggml_tensor * sums = ggml_view_1d(ctx, acc, n, n * n * sizeof(float));
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_add(ctx, moments, outer), moments));
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_add(ctx, sums, total), sums));
 }
 
 std::vector<std::vector<float>> ActivationStats::read() const {

@@ -27,19 +27,20 @@ public:
     // Adds sums[il] += sum over tokens of |act| to the graph (act: [n_ff, n_tokens]).
     void add_to_graph(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * act, int il) const;
 
-    // Adds moments[il] += x x^T (x: the FFN input [n_embd, n_tokens]); nothing without moments or
-    // for a single token.
+    // Adds moments[il] += x x^T and the sum of x (x: the FFN input [n_embd, n_tokens]); nothing
+    // without moments or for a single token.
     void add_input_to_graph(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * x, int il) const;
 
     // Per-layer sums, copied from the backends (synchronize the context first).
     std::vector<std::vector<float>> read() const;
-    // Per-layer sums of x x^T, row-major [n_embd * n_embd]; empty without moments.
+    // Per layer, the sum of x x^T, row-major [n_embd * n_embd], then the sum of x [n_embd]; empty
+    // without moments.
     std::vector<std::vector<float>> read_input_moments() const;
     void reset();
 
 private:
     std::unique_ptr<LayerTensors> sums_;     // F32 [n_ff(il)] per layer
-    std::unique_ptr<LayerTensors> moments_;  // F32 [n_embd * n_embd] per layer, or null
+    std::unique_ptr<LayerTensors> moments_;  // F32 [n_embd * n_embd + n_embd] per layer, or null
 };
 
 }  // namespace selectinfer

@@ -192,12 +192,13 @@ PYBIND11_MODULE(_native, m) {
     m.def(
         "dropped_means",
         [](const std::vector<float> & gate_rms, const std::vector<float> & up_slope, int64_t n_kept,
-           const std::string & activation) {
+           const std::string & activation, const std::vector<float> & gate_mean, const std::vector<float> & up_mean) {
             if (activation != "silu" && activation != "gelu") throw py::value_error("activation must be silu or gelu");
-            return dropped_means(gate_rms, up_slope, n_kept,
+            return dropped_means({gate_rms, up_slope, gate_mean, up_mean}, n_kept,
                                  activation == "gelu" ? GatedActivation::gelu : GatedActivation::silu);
         },
         py::arg("gate_rms"), py::arg("up_slope"), py::arg("n_kept"), py::arg("activation"),
+        py::arg("gate_mean") = std::vector<float>{}, py::arg("up_mean") = std::vector<float>{},
         "each neuron's expected activation when a step that keeps n_kept of them drops it (compensation.h)");
 
     py::class_<SelectionOverrides>(m, "SelectionOverrides")
@@ -334,12 +335,15 @@ PYBIND11_MODULE(_native, m) {
         .def("input_moments",
              [](Engine & e) {
                  ActivationSums a = e.input_moments();
-                 py::list layers;
-                 for (auto & v : a.sums) {
-                     const auto n = (py::ssize_t) std::lround(std::sqrt((double) v.size()));
-                     layers.append(to_array(std::move(v), {n, n}));
+                 py::list moments, sums;
+                 for (auto & v : a.sums) {  // n * n + n floats: sum of h h^T, then of h
+                     const auto n = (py::ssize_t) std::lround((std::sqrt(1.0 + 4.0 * (double) v.size()) - 1.0) / 2.0);
+                     std::vector<float> h_sum(v.end() - n, v.end());
+                     v.resize(n * n);
+                     moments.append(to_array(std::move(v), {n, n}));
+                     sums.append(to_array(std::move(h_sum), {n}));
                  }
-                 return py::make_tuple(layers, a.n_tokens);
+                 return py::make_tuple(moments, sums, a.n_tokens);
              })
         .def("describe", &Engine::describe)
         .def("weight_buffers", &Engine::weight_buffers)

@@ -25,11 +25,27 @@ double activation_of(double x, GatedActivation activation) {
 
 }  // namespace
 
-std::vector<float> dropped_means(const std::vector<float> & gate_rms, const std::vector<float> & up_slope,
-                                 int64_t n_kept, GatedActivation activation) {
-    const size_t n = gate_rms.size();
-    if (up_slope.size() != n || n_kept < 0 || n_kept > (int64_t) n) {
-        throw std::invalid_argument("dropped_means: one slope per neuron and 0 <= n_kept <= neurons");
+std::vector<float> dropped_means(const GateStats & stats, int64_t n_kept, GatedActivation activation) {
+    const size_t n = stats.gate_rms.size();
+    const bool with_means = !stats.gate_mean.empty() || !stats.up_mean.empty();
+    if (stats.up_slope.size() != n || (with_means && (stats.gate_mean.size() != n || stats.up_mean.size() != n)) ||
+        n_kept < 0 || n_kept > (int64_t) n) {
+        throw std::invalid_argument("dropped_means: one slope (and mean) per neuron and 0 <= n_kept <= neurons");
+    }
+    // each neuron's gate g = mean + sd z, and E[u | g] = up_mean + slope (g - mean)
+    std::vector<double> mean(n, 0.0), sd(n), up_mean(n, 0.0), slope(n);
+    for (size_t j = 0; j < n; ++j) {
+        const double square = (double) stats.gate_rms[j] * stats.gate_rms[j];
+        if (with_means) {
+            mean[j] = stats.gate_mean[j];
+            up_mean[j] = stats.up_mean[j];
+        }
+        // (a spread under 1e-9 of the square is rounding: a constant gate, whose slope is moot)
+        double variance = square - mean[j] * mean[j];
+        if (variance <= 1e-9 * square) variance = 0.0;
+        const double covariance = (double) stats.up_slope[j] * square - mean[j] * up_mean[j];
+        sd[j] = std::sqrt(variance);
+        slope[j] = variance > 0 ? covariance / variance : 0.0;
     }
     std::vector<double> z(kGrid), weight(kGrid);
     double total = 0;
@@ -39,14 +55,14 @@ std::vector<float> dropped_means(const std::vector<float> & gate_rms, const std:
         total += weight[i];
     }
     for (double & w : weight) w /= total;
-    // each neuron's score on the grid, |act(gate)|, and what it adds to E[act(g) g]
+    // each neuron's score on the grid, |act(gate)|, and its expected activation there
     std::vector<double> score(n * kGrid), moment(n * kGrid);
     double highest = 0;
     for (size_t j = 0; j < n; ++j) {
         for (int i = 0; i < kGrid; ++i) {
-            const double gate = (double) gate_rms[j] * z[i], act = activation_of(gate, activation);
+            const double act = activation_of(mean[j] + sd[j] * z[i], activation);
             score[j * kGrid + i] = std::fabs(act);
-            moment[j * kGrid + i] = act * gate;
+            moment[j * kGrid + i] = act * (up_mean[j] + slope[j] * sd[j] * z[i]);
             highest = std::max(highest, std::fabs(act));
         }
     }
@@ -90,7 +106,7 @@ std::vector<float> dropped_means(const std::vector<float> & gate_rms, const std:
                 mass += weight[i];
             }
         }
-        if (mass > 0) nu[j] = (float) (up_slope[j] * sum / mass);
+        if (mass > 0) nu[j] = (float) (sum / mass);
     }
     return nu;
 }

@@ -72,7 +72,7 @@ struct Stats {
 
 // Profiling results since the last reset: per layer, sum over tokens of |a_n| for each neuron.
 struct ActivationSums {
-    std::vector<std::vector<float>> sums;  // [n_layer][n_ff(il)] (input moments: [n_layer][n_embd^2])
+    std::vector<std::vector<float>> sums;  // [n_layer][n_ff(il)] (input moments: [n_layer][n_embd^2 + n_embd])
     int64_t n_tokens = 0;                  // tokens that passed through every layer
 };
 

@@ -293,11 +293,18 @@ void NeuronSelection::allocate_compensation() {
     for (size_t i = 0; i < layers_.size(); ++i) {
         const Layer & l = layers_[i];
         if (l.n_load == l.n_static) continue;
-        const GateStats & stats = info_.gate_stats.at(l.il);
-        const std::vector<float> rms(stats.gate_rms.begin() + l.n_static, stats.gate_rms.end());
-        const std::vector<float> slope(stats.up_slope.begin() + l.n_static, stats.up_slope.end());
-        const std::vector<float> nu = dropped_means(rms, slope, l.n_select - l.n_static, info_.activation);
+        const GateStats gathered = info_.gate_stats.at(l.il).from(l.n_static);
+        const std::vector<float> nu = dropped_means(gathered, l.n_select - l.n_static, info_.activation);
         const std::vector<float> out = down_rows_sum(model_->layers[l.il].ffn_down_t, nu);
+        for (const std::vector<float> * v : {&nu, &out}) {
+            for (float x : *v) {
+                if (!std::isfinite(x)) {
+                    throw std::runtime_error("the gate statistics of layer " + std::to_string(l.il) +
+                                             " give a dropped-neuron compensation that is not finite (values too large "
+                                             "for float32); convert the model again, or turn compensation off");
+                }
+            }
+        }
         ggml_backend_tensor_set((*comp_nu_)[i], nu.data(), 0, nu.size() * sizeof(float));
         ggml_backend_tensor_set((*comp_out_)[i], out.data(), 0, out.size() * sizeof(float));
     }

@@ -31,6 +31,8 @@ constexpr const char * kNeuronIds    = "selectinfer.neuron_ids.";  // + layer
 constexpr const char * kNeuronShares = "selectinfer.neuron_shares.";  // + layer; optional (profile-ranked files)
 constexpr const char * kGateRms      = "selectinfer.gate_rms.";   // + layer; optional (profiles with input moments)
 constexpr const char * kUpSlope      = "selectinfer.up_slope.";   // + layer; with gate_rms
+constexpr const char * kGateMean     = "selectinfer.gate_mean.";  // + layer; optional, with gate_rms (profiles with input means)
+constexpr const char * kUpMean       = "selectinfer.up_mean.";    // + layer; with gate_mean
 
 [[noreturn]] void refuse(const std::string & what) {
     throw std::runtime_error("invalid SelectInfer GGUF: " + what + "; convert the model again with `selectinfer convert`");
@@ -257,13 +259,41 @@ std::vector<float> read_per_neuron(const Metadata & m, const std::string & key, 
     return values;
 }
 
-// A layer's gate statistics (compensation.h): one root mean square (>= 0) and one slope per loaded neuron.
+// A layer's gate statistics (compensation.h): one root mean square (>= 0) and one slope per loaded
+// neuron, and optionally the gate's and up's means (a gate's mean no larger than its root mean square).
 GateStats read_gate_stats(const Metadata & m, int il, int64_t n_load) {
     const std::string rms_key = layer_key(kGateRms, il), slope_key = layer_key(kUpSlope, il);
+    const std::string gate_mean_key = layer_key(kGateMean, il), up_mean_key = layer_key(kUpMean, il);
     if (!m.has(slope_key)) refuse(rms_key + " is present but " + slope_key + " is not");
-    return {read_per_neuron(m, rms_key, il, n_load, true, "root mean square >= 0"),
-            read_per_neuron(m, slope_key, il, n_load, false, "slope")};
+    GateStats stats{read_per_neuron(m, rms_key, il, n_load, true, "root mean square >= 0"),
+                    read_per_neuron(m, slope_key, il, n_load, false, "slope"), {}, {}};
+    if (m.has(gate_mean_key) != m.has(up_mean_key)) {
+        refuse(std::string(m.has(gate_mean_key) ? gate_mean_key : up_mean_key) + " is present but " +
+               (m.has(gate_mean_key) ? up_mean_key : gate_mean_key) + " is not");
+    }
+    if (m.has(gate_mean_key)) {
+        stats.gate_mean = read_per_neuron(m, gate_mean_key, il, n_load, false, "mean");
+        stats.up_mean = read_per_neuron(m, up_mean_key, il, n_load, false, "mean");
+        for (int64_t j = 0; j < n_load; ++j) {  // |E[g]| <= sqrt(E[g^2]), with float32 rounding's room
+            if (std::fabs(stats.gate_mean[j]) > stats.gate_rms[j] * 1.001f + 1e-30f) {
+                refuse(gate_mean_key + " holds " + std::to_string(stats.gate_mean[j]) + ", larger than the gate's root mean square " +
+                       std::to_string(stats.gate_rms[j]) + " in " + rms_key);
+            }
+        }
+    }
+    return stats;
 }
+
+}  // namespace
+
+GateStats GateStats::from(size_t first) const {
+    auto tail = [first](const std::vector<float> & v) {
+        return v.empty() ? v : std::vector<float>(v.begin() + std::min(first, v.size()), v.end());
+    };
+    return {tail(gate_rms), tail(up_slope), tail(gate_mean), tail(up_mean)};
+}
+
+namespace {
 
 // Optional per-layer keys come for every SelectInfer layer or for none.
 template <typename Value>
@@ -354,14 +384,23 @@ std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model,
         }
         if (m.has(layer_key(kGateRms, (int) il))) {
             info->gate_stats[(int) il] = read_gate_stats(m, (int) il, n_load);
-        } else if (m.has(layer_key(kUpSlope, (int) il))) {
-            refuse(layer_key(kUpSlope, (int) il) + " is present but " + layer_key(kGateRms, (int) il) + " is not");
+        } else {
+            for (const char * key : {kUpSlope, kGateMean, kUpMean}) {
+                if (m.has(layer_key(key, (int) il))) {
+                    refuse(layer_key(key, (int) il) + " is present but " + layer_key(kGateRms, (int) il) + " is not");
+                }
+            }
         }
         info->n_load[(int) il] = (int32_t) n_load;
         info->n_static[(int) il] = (int32_t) n_static;
     }
     require_every_layer(info->neuron_shares, info->n_load, kNeuronShares, "shares");
     require_every_layer(info->gate_stats, info->n_load, kGateRms, "gate statistics");
+    std::map<int, bool> with_means;
+    for (const auto & [il, stats] : info->gate_stats) {
+        if (!stats.gate_mean.empty()) with_means[il] = true;
+    }
+    require_every_layer(with_means, info->n_load, kGateMean, "gate means");
     for (int il = 0; il < n_layer; ++il) {
         if ((model.layers[il].ffn_down_t || model.layers[il].ffn_down_static) && !info->n_load.count(il)) {
             refuse("blk." + std::to_string(il) + " is a SelectInfer layer (ffn_down_static, ffn_down_t) but layer " +

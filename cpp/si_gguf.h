@@ -30,8 +30,13 @@ enum class GatedActivation { silu, gelu };
 
 // A layer's gate statistics from the profile's input moments, one per loaded neuron (compensation.h).
 struct GateStats {
-    std::vector<float> gate_rms;  // sqrt(E[g^2]) of the neuron's gate
-    std::vector<float> up_slope;  // E[g u] / E[g^2]: up's least-squares slope on the gate
+    std::vector<float> gate_rms;   // sqrt(E[g^2]) of the neuron's gate
+    std::vector<float> up_slope;   // E[g u] / E[g^2]: up's least-squares slope on the gate
+    std::vector<float> gate_mean;  // E[g] and E[u] (profiles with input means), or both empty: taken as 0
+    std::vector<float> up_mean;
+
+    // The statistics of neurons [first, end).
+    GateStats from(size_t first) const;
 };
 
 // What a SelectInfer GGUF says about its layers, validated.

@@ -230,5 +230,9 @@ def file_dropped_means(path, n_select: dict[int, int]) -> dict[int, "np.ndarray"
             return {}
         rms = np.asarray(fields[f"selectinfer.gate_rms.{il}"][1])[n_static:]
         slope = np.asarray(fields[f"selectinfer.up_slope.{il}"][1])[n_static:]
-        out[il] = reference_dropped_means(rms, slope, n_select[il] - n_static, act)
+        means = {}
+        if f"selectinfer.gate_mean.{il}" in fields:
+            means = {"gate_mean": np.asarray(fields[f"selectinfer.gate_mean.{il}"][1])[n_static:],
+                     "up_mean": np.asarray(fields[f"selectinfer.up_mean.{il}"][1])[n_static:]}
+        out[il] = reference_dropped_means(rms, slope, n_select[il] - n_static, act, **means)
     return out

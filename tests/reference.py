@@ -238,15 +238,25 @@ def reference_layer_budgets(layers: list[tuple[int, int, float, list[float]]], p
     return sizes
 
 
-def reference_dropped_means(gate_rms, up_slope, n_kept: int, act=silu) -> np.ndarray:
-    """E[act(g) u | neuron dropped] per neuron (cpp/compensation.h) with g ~ N(0, gate_rms^2),
-    E[u | g] = up_slope g, and a neuron dropped where |act(g)| is under the one threshold that keeps
-    n_kept neurons on average: the threshold from every (neuron, grid point) sorted by score (a
-    finer grid than the engine's, on [-8, 8])."""
-    z = np.linspace(-8.0, 8.0, 16001)
+def reference_dropped_means(gate_rms, up_slope, n_kept: int, act=silu, gate_mean=None, up_mean=None,
+                            grid=(8.0, 16001)) -> np.ndarray:
+    """E[act(g) u | neuron dropped] per neuron (cpp/compensation.h) with g ~ N(mu_g, sigma^2),
+    sigma^2 = gate_rms^2 - mu_g^2, E[u | g] = mu_u + b (g - mu_g), b = (up_slope gate_rms^2 - mu_g mu_u)
+    / sigma^2 (means 0 when not given), and a neuron dropped where |act(g)| is under the one
+    threshold that keeps n_kept neurons on average: the threshold from every (neuron, grid point)
+    sorted by score (by default a finer grid than the engine's: 16001 points on [-8, 8]; `grid` =
+    (z_max, points))."""
+    z = np.linspace(-grid[0], grid[0], grid[1])
     weight = np.exp(-0.5 * z * z)
     weight /= weight.sum()
-    gate = np.asarray(gate_rms, dtype=np.float64)[:, None] * z[None, :]
+    square = np.asarray(gate_rms, dtype=np.float64) ** 2
+    mu_g = np.zeros_like(square) if gate_mean is None else np.asarray(gate_mean, dtype=np.float64)
+    mu_u = np.zeros_like(square) if up_mean is None else np.asarray(up_mean, dtype=np.float64)
+    variance = np.maximum(square - mu_g ** 2, 0.0)
+    covariance = np.asarray(up_slope, dtype=np.float64) * square - mu_g * mu_u
+    b = np.divide(covariance, variance, out=np.zeros_like(variance), where=variance > 0)
+    centered = np.sqrt(variance)[:, None] * z[None, :]
+    gate = mu_g[:, None] + centered
     score = np.abs(act(gate))
     order = np.argsort(-score, axis=None, kind="stable")
     kept_mass = np.cumsum(np.broadcast_to(weight, score.shape).ravel()[order])
@@ -254,5 +264,5 @@ def reference_dropped_means(gate_rms, up_slope, n_kept: int, act=silu) -> np.nda
         np.inf if n_kept == 0 else 0.0)
     dropped = score < theta
     mass = (dropped * weight).sum(axis=1)
-    moment = (dropped * weight * act(gate) * gate).sum(axis=1)
-    return np.asarray(up_slope, dtype=np.float64) * np.divide(moment, mass, out=np.zeros_like(mass), where=mass > 0)
+    moment = (dropped * weight * act(gate) * (mu_u[:, None] + b[:, None] * centered)).sum(axis=1)
+    return np.divide(moment, mass, out=np.zeros_like(mass), where=mass > 0)

@@ -6,7 +6,7 @@ import pytest
 from reference import gelu, reference_dropped_means, silu
 
 from selectinfer import _native
-from selectinfer.convert import gate_stats
+from selectinfer.convert import gate_means, gate_stats
 
 ACTS = {"silu": silu, "gelu": gelu}
 
@@ -52,8 +52,65 @@ def test_dropped_means_are_what_steps_drop(activation):
     assert np.abs(got - simulated).max() < 0.05 * np.abs(simulated).max()
 
 
+@pytest.mark.parametrize("activation", ["silu", "gelu"])
+@pytest.mark.parametrize("n_kept", [0, 9, 31, 48])
+def test_dropped_means_with_means_match_reference(activation, n_kept):
+    rng = np.random.default_rng(100 + n_kept)
+    n = 48
+    sd = rng.uniform(0.05, 3.0, n)
+    mu_g, mu_u = rng.normal(0.0, 1.5, n), rng.normal(0.0, 1.0, n)
+    sd[7], mu_g[7] = 0.0, 0.8  # a constant gate
+    b = rng.normal(0.0, 1.0, n)
+    rms = np.sqrt(sd ** 2 + mu_g ** 2)
+    slope = (b * sd ** 2 + mu_g * mu_u) / rms ** 2  # E[g u] / E[g^2]
+    args = [rms.astype(np.float32).tolist(), slope.astype(np.float32).tolist(), n_kept, activation]
+    got = np.array(_native.dropped_means(*args, mu_g.astype(np.float32).tolist(), mu_u.astype(np.float32).tolist()))
+    # the same grid as the engine's (401 points on [-6, 6]): the same numbers but where a point ties the threshold
+    same_grid = reference_dropped_means(rms, slope, n_kept, ACTS[activation], mu_g, mu_u, grid=(6.0, 401))
+    scale = max(np.abs(same_grid).max(), 1e-6)
+    assert np.abs(got - same_grid).max() < 2e-2 * scale, (got, same_grid)  # (grid points at the threshold)
+    # a 40x finer one: the grid's error (a shifted gate's dropped interval spans few grid points)
+    fine = reference_dropped_means(rms, slope, n_kept, ACTS[activation], mu_g, mu_u)
+    assert np.abs(got - fine).max() < 0.1 * scale and np.abs(got - fine).mean() < 0.02 * scale
+    # zero means are the model without means, to the bit
+    zero = [0.0] * n
+    np.testing.assert_array_equal(_native.dropped_means(*args, zero, zero), _native.dropped_means(*args))
+    if n_kept == 0:  # every neuron dropped: E[act(g) u], by Monte Carlo
+        z = np.random.default_rng(2).standard_normal(400_000)
+        mc = np.array([np.mean(ACTS[activation](m + s * z) * (mu + bb * s * z)) for m, s, mu, bb in zip(mu_g, sd, mu_u, b)])
+        assert np.abs(got - mc).max() < 0.02 * np.abs(mc).max()
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu"])
+def test_dropped_means_with_means_are_what_steps_drop(activation):
+    """As above, with gates of non-zero mean: g ~ N(mu_g, sd^2), up = mu_u + b (g - mu_g) + noise."""
+    rng = np.random.default_rng(8)
+    n, n_kept, n_tokens = 300, 100, 20_000
+    sd, mu_g, mu_u, b = rng.uniform(0.3, 3.0, n), rng.normal(0, 1.5, n), rng.normal(0, 1, n), rng.normal(0, 1, n)
+    g = mu_g + rng.standard_normal((n_tokens, n)) * sd
+    u = mu_u + b * (g - mu_g) + rng.standard_normal((n_tokens, n))
+    a = ACTS[activation](g) * u
+    score = np.abs(ACTS[activation](g))
+    kept = np.zeros_like(score, dtype=bool)
+    np.put_along_axis(kept, np.argpartition(-score, n_kept - 1, axis=1)[:, :n_kept], True, axis=1)
+    dropped = (~kept).sum(0)
+    simulated = (a * ~kept).sum(0) / np.maximum(dropped, 1)
+    often = dropped >= 3000  # (a gate of large mean is kept at nearly every step: too few samples)
+    rms = np.sqrt((g * g).mean(0))
+    slope = (g * u).mean(0) / (g * g).mean(0)
+    got = np.array(_native.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation, g.mean(0).tolist(),
+                                         u.mean(0).tolist()))
+    got, simulated = got[often], simulated[often]
+    assert often.sum() > 150
+    assert np.corrcoef(got, simulated)[0, 1] > 0.99
+    assert np.abs(got - simulated).max() < 0.05 * np.abs(simulated).max()
+    # the zero-mean model misses them
+    without = np.array(_native.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation))[often]
+    assert np.abs(without - simulated).max() > 3 * np.abs(got - simulated).max()
+
+
 def test_dropped_means_refuse_bad_arguments():
-    with pytest.raises(ValueError, match="one slope per neuron"):
+    with pytest.raises(ValueError, match=r"one slope \(and mean\) per neuron"):
         _native.dropped_means([1.0, 1.0], [1.0], 1, "silu")
     with pytest.raises(ValueError, match="n_kept <= neurons"):
         _native.dropped_means([1.0], [1.0], 2, "silu")
@@ -61,6 +118,8 @@ def test_dropped_means_refuse_bad_arguments():
         _native.dropped_means([1.0], [1.0], -1, "silu")
     with pytest.raises(ValueError, match="silu or gelu"):
         _native.dropped_means([1.0], [1.0], 0, "relu")
+    with pytest.raises(ValueError, match="and mean"):
+        _native.dropped_means([1.0, 1.0], [1.0, 1.0], 1, "silu", [0.5], [0.5, 0.5])
 
 
 def test_gate_stats_match_numpy():
@@ -77,3 +136,13 @@ def test_gate_stats_match_numpy():
     want = np.divide((g * u).mean(0), (g * g).mean(0), out=np.zeros(10), where=rms > 0)
     np.testing.assert_allclose(slope, want, rtol=1e-4, atol=1e-6)
     assert rms[3] == 0.0 and slope[3] == 0.0
+
+
+def test_gate_means_match_numpy():
+    rng = np.random.default_rng(4)
+    h = rng.standard_normal((3000, 16)) + rng.normal(0, 2, 16)  # not centered
+    gate, up = rng.normal(0, 1, (7, 16)), rng.normal(0, 1, (7, 16))
+    gate_mean, up_mean = gate_means(gate, up, h.mean(0))
+    assert gate_mean.dtype == np.float32 and up_mean.dtype == np.float32
+    np.testing.assert_allclose(gate_mean, (h @ gate.T).mean(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(up_mean, (h @ up.T).mean(0), rtol=1e-5, atol=1e-5)

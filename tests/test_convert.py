@@ -125,12 +125,12 @@ def test_loads_with_and_without_mmap(models, tmp_path):
         assert m.metadata("selectinfer.format_version") == str(SI_FORMAT_VERSION)
 
 
-def profile_for(src, n_layer=3, n_ff=768, input_moments=None):
+def profile_for(src, n_layer=3, n_ff=768, input_moments=None, input_means=None):
     rng = np.random.default_rng(0)
     info = ModelInfo(sha256_file(src), src.name, "llama", n_layer, n_ff)
     stats = [DatasetStats(n, t, "test", 1, rng.random((n_layer, n_ff)).astype(np.float32), np.full(n_layer, 10))
              for n, t in [("a", "qa"), ("b", "text")]]
-    return Profile(info, stats, input_moments=input_moments)
+    return Profile(info, stats, input_moments=input_moments, input_means=input_means)
 
 
 def test_profile_ranking_layout(models, tmp_path):
@@ -380,9 +380,11 @@ def synthetic_moments(n_layer=3, n_embd=256, n_tokens=2000, seed=1):
     return (np.einsum("lti,ltj->lij", h, h) / n_tokens).astype(np.float32)
 
 
-def moments_profile(src, path, input_moments="synthetic"):
-    """A profile of src with synthetic FFN input moments (None: a profile without them), saved at path."""
-    profile_for(src, input_moments=synthetic_moments() if isinstance(input_moments, str) else input_moments).save(path)
+def moments_profile(src, path, input_moments="synthetic", input_means=None):
+    """A profile of src with synthetic FFN input moments (None: a profile without them), and the
+    given means, saved at path."""
+    moments = synthetic_moments() if isinstance(input_moments, str) else input_moments
+    profile_for(src, input_moments=moments, input_means=input_means).save(path)
     return path
 
 
@@ -491,7 +493,30 @@ def test_gate_statistics_from_the_profile_moments(models, tmp_path, weight_type)
     convert(src, plain, profile=moments_profile(src, tmp_path / "old.safetensors", None), task="qa", load_ratio=0.75,
             static_ratio=0.25, layers="1:3", progress=False)
     assert not any(k.startswith(("selectinfer.gate_rms", "selectinfer.up_slope")) for k in gguf_fields(plain))
-    assert "compensation  gate statistics" in inspect(out) and "compensation  none" in inspect(plain)
+    assert not any(k.startswith("selectinfer.gate_mean") for k in gguf_fields(out))  # (no means in that profile)
+    assert "compensation  gate statistics:" in inspect(out) and "compensation  none" in inspect(plain)
+
+
+def test_gate_means_from_the_profile_means(models, tmp_path):
+    """A profile with input means also gives every loaded neuron w_g m and w_u m, the gate's
+    within its root mean square; the engine loads them."""
+    src = models("tiny-llama", "F32")
+    means = np.random.default_rng(6).normal(0, 0.3, (3, 256)).astype(np.float32)
+    prof = moments_profile(src, tmp_path / "p.safetensors", input_means=means)
+    out = tmp_path / "si.gguf"
+    convert(src, out, profile=prof, task="qa", load_ratio=0.75, static_ratio=0.25, layers="1:3", progress=False)
+    weights = {t.name: np.asarray(t.data, dtype=np.float64).reshape([int(d) for d in reversed(t.shape)])
+               for t in GGUFReader(str(src)).tensors}
+    r = GGUFReader(str(out))
+    for il, ids in kept_ids(out).items():
+        gate, up = weights[f"blk.{il}.ffn_gate.weight"][ids], weights[f"blk.{il}.ffn_up.weight"][ids]
+        for key, want in ((f"selectinfer.gate_mean.{il}", gate @ means[il]), (f"selectinfer.up_mean.{il}", up @ means[il])):
+            assert r.get_field(key).types[-1] == GGUFValueType.FLOAT32
+            np.testing.assert_allclose(np.asarray(field(r, key)), want, rtol=1e-4, atol=1e-6)
+        assert np.all(np.abs(field(r, f"selectinfer.gate_mean.{il}")) <= np.asarray(field(r, f"selectinfer.gate_rms.{il}")))
+    assert "compensation  gate statistics and means:" in inspect(out)
+    with Model(out, n_ctx=64, strategy="gate-guided") as m:
+        assert m.selection_config()["compensate"] is True
 
 
 @pytest.mark.parametrize("weight_type", ["F32", "Q8_0"])
@@ -640,4 +665,17 @@ def test_profile_input_moments_round_trip_and_checks(models, tmp_path):
                       ("nan", np.where(np.eye(32, dtype=bool), np.nan, moments))]:
         bad_path = moments_profile(src, tmp_path / f"{name}.safetensors", bad)
         with pytest.raises(ProfileError, match=rf"{name}.safetensors: input_moments .*profile the model again"):
+            Profile.load(bad_path)
+    # the means: with the moments, one per layer and channel, finite
+    means = np.random.default_rng(5).normal(0, 1, (3, 32)).astype(np.float32)
+    loaded = Profile.load(moments_profile(src, tmp_path / "means.safetensors", moments, means))
+    assert np.array_equal(loaded.input_means, means) and loaded.input_means.dtype == np.float32
+    assert Profile.load(path).input_means is None
+    orphan = profile_for(src, input_moments=moments, input_means=means)
+    orphan.input_moments = None  # (save writes the means only beside the moments)
+    orphan.save(tmp_path / "orphan.safetensors")
+    assert Profile.load(tmp_path / "orphan.safetensors").input_means is None
+    for name, bad in [("short", means[:, :16]), ("layers", means[:2]), ("nanmean", np.where(means > 1, np.nan, means))]:
+        bad_path = moments_profile(src, tmp_path / f"{name}.safetensors", moments, bad)
+        with pytest.raises(ProfileError, match=rf"{name}.safetensors: input_means .*profile the model again"):
             Profile.load(bad_path)

@@ -52,8 +52,9 @@ def test_activation_sums_match_numpy(tiny_model, shape, weight_type, bound):
 
 
 def reference_input_moments(path, tokens):
-    """Per layer sum over tokens of h h^T, h the FFN input, from the numpy forward pass."""
-    return np.stack([h.T @ h for h, _ in reference_ffn_steps(path, tokens)])
+    """Per layer sums over tokens of h h^T and of h, h the FFN input, from the numpy forward pass."""
+    steps = list(reference_ffn_steps(path, tokens))
+    return np.stack([h.T @ h for h, _ in steps]), np.stack([h.sum(0) for h, _ in steps])
 
 
 @pytest.mark.parametrize("shape,weight_type,bound", [
@@ -65,18 +66,21 @@ def test_input_moments_match_numpy(tiny_model, shape, weight_type, bound):
         prompt = m.tokenize("the capital of france is paris, a city on the seine")
         m.generate(prompt, 6, temperature=0)
         evaluated = list(m.engine.history)
-        layers, n_moment_tokens = m.input_moments()
+        layers, h_sums, n_moment_tokens = m.input_moments()
         _, n_tokens = m.activation_sums()  # resets the moments too
-        zero, no_tokens = m.input_moments()
+        zero, zero_sums, no_tokens = m.input_moments()
     # the prompt's batches of 8 tokens and its last one (if more than one token), not decode steps
     n_batched = len(prompt) - (1 if len(prompt) % 8 == 1 else 0)
-    expected = reference_input_moments(path, evaluated[:n_batched])
-    got = np.stack(layers)
+    expected, expected_sums = reference_input_moments(path, evaluated[:n_batched])
+    got, got_sums = np.stack(layers), np.stack(h_sums)
     assert n_moment_tokens == n_batched and n_tokens == len(evaluated) and got.shape == expected.shape
+    assert got_sums.shape == expected_sums.shape
     rel = np.abs(got - expected).max() / np.abs(expected).max()
-    print(f"{shape} {weight_type}: max rel diff {rel:.2e}")
-    assert rel < bound
-    assert np.all(np.stack(zero) == 0) and no_tokens == 0, "activation_sums(reset=True) must clear the moments"
+    rel_sums = np.abs(got_sums - expected_sums).max() / np.abs(expected_sums).max()
+    print(f"{shape} {weight_type}: max rel diff {rel:.2e} (sums {rel_sums:.2e})")
+    assert rel < bound and rel_sums < bound
+    assert np.all(np.stack(zero) == 0) and np.all(np.stack(zero_sums) == 0) and no_tokens == 0, \
+        "activation_sums(reset=True) must clear the moments"
 
 
 def test_input_moments_need_their_mode(tiny_model):

@@ -131,6 +131,8 @@ def test_good_neuron_shares_give_per_layer_budgets(si_parts, tmp_path):
 
 
 GOOD_RMS, GOOD_SLOPE = [1.0] * 192, [0.5] * 192
+MEANS = [0.25] * 192
+BOTH_MEANS = {f"{name}__{il}": MEANS for il in (1, 2) for name in ("gate_mean", "up_mean")}
 
 
 @pytest.mark.parametrize("changes,message", [
@@ -143,6 +145,14 @@ GOOD_RMS, GOOD_SLOPE = [1.0] * 192, [0.5] * 192
     ({"gate_rms__2": None}, r"selectinfer.up_slope.2 is present but selectinfer.gate_rms.2 is not"),
     ({"gate_rms__2": None, "up_slope__2": None}, r"selectinfer.gate_rms.2 is missing, but other layers have their gate statistics"),
     ({"gate_rms__1": [1] * 192}, r"selectinfer.gate_rms.1 is an array of i32, not of f32"),
+    # the optional means
+    ({"gate_mean__1": MEANS}, r"selectinfer.gate_mean.1 is present but selectinfer.up_mean.1 is not"),
+    ({"up_mean__2": MEANS}, r"selectinfer.up_mean.2 is present but selectinfer.gate_mean.2 is not"),
+    ({"gate_mean__1": MEANS, "up_mean__1": MEANS}, r"selectinfer.gate_mean.2 is missing, but other layers have their gate means"),
+    ({**BOTH_MEANS, "gate_mean__2": [1.5] + MEANS[1:]}, r"selectinfer.gate_mean.2 holds 1.5\d*, larger than the gate's root mean square"),
+    ({**BOTH_MEANS, "up_mean__1": [float("nan")] + MEANS[1:]}, r"selectinfer.up_mean.1 holds -?nan, not a finite mean"),
+    ({**BOTH_MEANS, "gate_mean__1": MEANS[:-1]}, r"selectinfer.gate_mean.1 has 191 values for the 192 neurons of layer 1"),
+    ({**BOTH_MEANS, "gate_rms__2": None, "up_slope__2": None}, r"selectinfer.gate_mean.2 is present but selectinfer.gate_rms.2 is not"),
 ])
 def test_bad_gate_statistics_are_refused(si_parts, tmp_path, changes, message):
     _, fields, tensors = si_parts
@@ -161,6 +171,10 @@ def test_good_gate_statistics_turn_compensation_on(si_parts, tmp_path):
     good = with_fields(fields, **{f"selectinfer__{name}__{il}": arr(values, V.FLOAT32)
                                   for il in (1, 2) for name, values in (("gate_rms", GOOD_RMS), ("up_slope", GOOD_SLOPE))})
     with Model(write_gguf(tmp_path / "good.gguf", good, tensors), n_ctx=64, strategy="gate-guided") as m:
+        assert m.selection_config()["compensate"] is True
+        assert len(m.generate("the capital of", max_tokens=3, temperature=0)) > 0
+    with_means = with_fields(good, **{f"selectinfer__{key}": arr(values, V.FLOAT32) for key, values in BOTH_MEANS.items()})
+    with Model(write_gguf(tmp_path / "means.gguf", with_means, tensors), n_ctx=64, strategy="gate-guided") as m:
         assert m.selection_config()["compensate"] is True
         assert len(m.generate("the capital of", max_tokens=3, temperature=0)) > 0
 
@@ -287,14 +301,15 @@ def test_the_reader_and_the_writer_agree_on_the_keys(si_parts):
     import re
     from pathlib import Path
 
-    from selectinfer.convert import GATE_RMS_KEY, NEURON_SHARES_KEY, SI_FORMAT_VERSION, UP_SLOPE_KEY
+    from selectinfer.convert import (GATE_MEAN_KEY, GATE_RMS_KEY, NEURON_SHARES_KEY, SI_FORMAT_VERSION, UP_MEAN_KEY,
+                                     UP_SLOPE_KEY)
 
     source = (Path(__file__).resolve().parent.parent / "cpp" / "si_gguf.cpp").read_text()
     keys = re.findall(r'constexpr const char \* k\w+ += "(selectinfer\.[\w.]+)"', source)
     _, fields, _ = si_parts
     assert len(keys) >= 10
     # written only from a profile (its ranking; its input moments), which this random-ranked file lacks
-    optional = (NEURON_SHARES_KEY, GATE_RMS_KEY, UP_SLOPE_KEY)
+    optional = (NEURON_SHARES_KEY, GATE_RMS_KEY, UP_SLOPE_KEY, GATE_MEAN_KEY, UP_MEAN_KEY)
     assert all(key in keys for key in optional)
     for key in (k for k in keys if k not in optional):
         if key.endswith("."):  # per-layer keys: selectinfer.neuron_ids.<layer>
@@ -304,3 +319,16 @@ def test_the_reader_and_the_writer_agree_on_the_keys(si_parts):
     version = re.search(r"constexpr uint32_t kFormatVersion = (\d+);", (Path(__file__).resolve().parent.parent /
                                                                      "cpp" / "si_gguf.h").read_text())
     assert int(version.group(1)) == SI_FORMAT_VERSION == fields["selectinfer.format_version"][1]
+
+
+def test_gate_statistics_too_large_for_float32_are_refused(si_parts, tmp_path):
+    # finite, valid one by one, but the expected outputs they give overflow float32: refused when
+    # the compensation is worked out, naming the layer, not left to fill the logits with inf
+    _, fields, tensors = si_parts
+    huge = with_fields(fields, **{f"selectinfer__{name}__{il}": arr(values, V.FLOAT32)
+                                  for il in (1, 2) for name, values in (("gate_rms", [3e38] * 192), ("up_slope", GOOD_SLOPE))})
+    with pytest.raises(ModelLoadError, match=r"gate statistics of layer 1 give a dropped-neuron compensation that is not finite"):
+        with Model(write_gguf(tmp_path / "huge.gguf", huge, tensors), n_ctx=64, strategy="gate-guided") as m:
+            m.generate("the capital of", max_tokens=2, temperature=0)
+    with Model(write_gguf(tmp_path / "huge.gguf", huge, tensors), n_ctx=64, strategy="gate-guided", compensate=False) as m:
+        assert len(m.generate("the capital of", max_tokens=2, temperature=0)) > 0

@@ -55,6 +55,8 @@ PREDICTOR_RANK_KEY = "selectinfer.predictor_rank"  # u32, present only in files 
 NEURON_SHARES_KEY = "selectinfer.neuron_shares."  # + layer; in profile-ranked files only
 GATE_RMS_KEY = "selectinfer.gate_rms."  # + layer; from a profile with input moments (gate_stats)
 UP_SLOPE_KEY = "selectinfer.up_slope."  # + layer; with GATE_RMS_KEY
+GATE_MEAN_KEY = "selectinfer.gate_mean."  # + layer; with GATE_RMS_KEY, from a profile with input means (gate_means)
+UP_MEAN_KEY = "selectinfer.up_mean."  # + layer; with GATE_MEAN_KEY
 PREDICTOR_RANK_STEP = 32  # Q8_0 blocks: the rank is the row length of pred_out
 # run-time defaults written into the file (the authors' reference values): phi and alpha
 DEFAULT_COMPUTE_RATIO = 0.4
@@ -362,7 +364,15 @@ def gate_stats(gate: np.ndarray, up: np.ndarray, moments: np.ndarray) -> tuple[n
     return np.sqrt(mean_square).astype(np.float32), slope.astype(np.float32)
 
 
-def _gate_stats_keys(src: SourceGGUF, plans: dict[int, LayerPlan], moments: np.ndarray) -> list[tuple]:
+def gate_means(gate: np.ndarray, up: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(gate_mean, up_mean) per neuron, float32: E[g] and E[u] from its gate and up rows and E[h]."""
+    mean = np.asarray(mean, dtype=np.float64)
+    return ((np.asarray(gate, dtype=np.float64) @ mean).astype(np.float32),
+            (np.asarray(up, dtype=np.float64) @ mean).astype(np.float32))
+
+
+def _gate_stats_keys(src: SourceGGUF, plans: dict[int, LayerPlan], moments: np.ndarray,
+                     means: np.ndarray | None) -> list[tuple]:
     by_name = {t["name"]: t for t in src.tensors}
     keys = []
     for il, plan in plans.items():
@@ -370,6 +380,11 @@ def _gate_stats_keys(src: SourceGGUF, plans: dict[int, LayerPlan], moments: np.n
         up = _dequantized_rows(src, by_name[f"blk.{il}.ffn_up.weight"], plan.neuron_ids)
         rms, slope = gate_stats(gate, up, moments[il])
         keys += [(f"{GATE_RMS_KEY}{il}", "arr_f32", rms.tolist()), (f"{UP_SLOPE_KEY}{il}", "arr_f32", slope.tolist())]
+        if means is not None:
+            gate_mean, up_mean = gate_means(gate, up, means[il])
+            gate_mean = np.clip(gate_mean, -rms, rms)  # |E[g]| <= sqrt(E[g^2]), also after rounding
+            keys += [(f"{GATE_MEAN_KEY}{il}", "arr_f32", gate_mean.tolist()),
+                     (f"{UP_MEAN_KEY}{il}", "arr_f32", up_mean.tolist())]
     return keys
 
 
@@ -636,7 +651,7 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
     if predictor_rank > 0:
         keys.append((PREDICTOR_RANK_KEY, "u32", predictor_rank))
     if prof is not None and prof.input_moments is not None:
-        keys += _gate_stats_keys(src, plans, prof.input_moments)
+        keys += _gate_stats_keys(src, plans, prof.input_moments, prof.input_means)
     tensors = _output_tensors(src, plans, predictor_rank)
     predictors = _Predictors(src, plans, prof.input_moments, predictor_rank) if predictor_rank > 0 else None
     with atomic_path(output) as tmp:
@@ -696,7 +711,9 @@ def inspect(path: str | os.PathLike) -> str:
         f"predictor     {_predictor_summary(src)}",
         "budgets       uniform" + (", or per layer by the profile's neuron shares (layer_budgets=profile)"
                                    if src.get(f"{NEURON_SHARES_KEY}{layers[0]}") is not None else ""),
-        "compensation " + (" gate statistics: gate-guided and predicted add the dropped neurons' expected output"
+        "compensation " + (" gate statistics" + (" and means" if src.get(f"{GATE_MEAN_KEY}{layers[0]}") is not None
+                                                   else "") +
+                           ": gate-guided and predicted add the dropped neurons' expected output"
                            if src.get(f"{GATE_RMS_KEY}{layers[0]}") is not None
                            else " none (no gate statistics: convert from a profile with input moments)"),
         "layer  width  static  profiled mass loaded",

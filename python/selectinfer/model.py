@@ -233,10 +233,10 @@ class Model:
         projection), and the number of tokens; needs profile=True. Resets the sums by default."""
         return self.engine.activation_sums(reset)
 
-    def input_moments(self) -> tuple[list[np.ndarray], int]:
-        """Per layer, sum of h h^T [n_embd, n_embd] over the tokens of prompt batches (more than one
-        token; h: the FFN input, after its norm), and their number; needs profile_input_moments=True.
-        activation_sums(reset=True) resets it."""
+    def input_moments(self) -> tuple[list[np.ndarray], list[np.ndarray], int]:
+        """Per layer, sum of h h^T [n_embd, n_embd] and sum of h [n_embd] over the tokens of prompt
+        batches (more than one token; h: the FFN input, after its norm), and their number; needs
+        profile_input_moments=True. activation_sums(reset=True) resets them."""
         return self.engine.input_moments()
 
     # --- selective computation ------------------------------------------------------------

@@ -33,13 +33,13 @@ def cached_profile(model_path: str | os.PathLike, dataset_specs: list[str] | Non
                    progress: bool = True) -> Path:
     """The engine's profile of this model file on these data sets, made once and kept in the cache
     under the file's sha256, the data sets (a user file by its sha256) and the profiling settings
-    (input_moments: with the FFN input moments a gate predictor needs)."""
+    (input_moments: with the FFN input moments and means the gate predictor and the compensation need)."""
     from .profiler import DEFAULT_DATASETS, profile_model
 
     specs = list(dataset_specs or DEFAULT_DATASETS)
     data = [spec if ":" not in spec else f"{spec}@{sha256_file(spec.rsplit(':', 1)[0])}" for spec in specs]
     key = {"model": sha256_file(model_path), "data": data, "max_prompts": max_prompts, "max_new_tokens": max_new_tokens,
-           **({"input_moments": True} if input_moments else {})}  # (the keys of older profiles stay valid)
+           **({"input_moments": True, "input_means": True} if input_moments else {})}  # (older keys stay valid)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / "profiles" / f"{Path(model_path).stem}.{digest}.safetensors"
     if not path.exists():

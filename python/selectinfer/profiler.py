@@ -38,7 +38,7 @@ class Collector(Protocol):
     name: str
     input_moments: bool
 
-    def collect(self, example: dict, max_new_tokens: int) -> tuple[np.ndarray, int, tuple[np.ndarray, int] | None]:
+    def collect(self, example: dict, max_new_tokens: int) -> tuple[np.ndarray, int, tuple | None]:
         ...
 
 
@@ -81,8 +81,8 @@ class EngineCollector:
             pass
         moments = None
         if self.input_moments:  # (the prompt's tokens: see Model.input_moments)
-            layers, n_moment_tokens = m.input_moments()
-            moments = np.stack(layers).astype(np.float64), n_moment_tokens
+            layers, h_sums, n_moment_tokens = m.input_moments()
+            moments = np.stack(layers).astype(np.float64), np.stack(h_sums).astype(np.float64), n_moment_tokens
         sums, n_tokens = m.activation_sums(reset=True)
         return np.stack(sums).astype(np.float64), n_tokens, moments
 
@@ -93,7 +93,8 @@ class _Partial:
     tokens: int = 0
     done: int = 0
     moments: np.ndarray | None = None  # float64 [n_layer, n_embd, n_embd], sum of h h^T, when collected
-    moment_tokens: int = 0             # the tokens behind it
+    h_sums: np.ndarray | None = None   # float64 [n_layer, n_embd], sum of h over the same tokens
+    moment_tokens: int = 0             # the tokens behind them
 
 
 def _run_key(info: ModelInfo, datasets: list[Dataset], settings: dict) -> str:
@@ -110,6 +111,7 @@ def _save_checkpoint(path: Path, key: str, partials: dict[str, _Partial]) -> Non
         arrays[f"count/{name}"] = np.array([p.tokens, p.done], dtype=np.int64)
         if p.moments is not None:
             arrays[f"moments/{name}"] = p.moments
+            arrays[f"h_sums/{name}"] = p.h_sums
             arrays[f"moment_tokens/{name}"] = np.array([p.moment_tokens], dtype=np.int64)
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
@@ -126,6 +128,7 @@ def _load_checkpoint(path: Path, key: str, partials: dict[str, _Partial]) -> boo
                 p.tokens, p.done = (int(v) for v in data[f"count/{name}"])
                 if f"moments/{name}" in data:
                     p.moments = data[f"moments/{name}"]
+                    p.h_sums = data[f"h_sums/{name}"]
                     p.moment_tokens = int(data[f"moment_tokens/{name}"][0])
     except (OSError, KeyError, ValueError):
         return False
@@ -146,7 +149,8 @@ def run_profile(collector: Collector, datasets: list[Dataset], output: str | os.
     checkpoint = output.with_name(output.name + ".partial.npz")
     info = collector.info
     settings = {"profiler": collector.name, "max_new_tokens": max_new_tokens, "decoding": "greedy",
-                "split": "calibration", "input_moments": collector.input_moments}
+                "split": "calibration", "input_moments": collector.input_moments,
+                "input_means": collector.input_moments}  # (a checkpoint from before the means is not resumed)
     key = _run_key(info, datasets, settings)
     partials = {d.name: _Partial(np.zeros((info.n_layer, info.n_ff))) for d in datasets}
     if resume and checkpoint.exists() and _load_checkpoint(checkpoint, key, partials):
@@ -164,7 +168,8 @@ def run_profile(collector: Collector, datasets: list[Dataset], output: str | os.
             p.sums += sums
             if moments is not None:
                 p.moments = moments[0] if p.moments is None else p.moments + moments[0]
-                p.moment_tokens += moments[1]
+                p.h_sums = moments[1] if p.h_sums is None else p.h_sums + moments[1]
+                p.moment_tokens += moments[2]
             p.tokens += n_tokens
             p.done += 1
             bar.update(1)
@@ -181,21 +186,23 @@ def run_profile(collector: Collector, datasets: list[Dataset], output: str | os.
             raise ValueError(f"dataset '{d.name}' produced no tokens")
         stats.append(DatasetStats(d.name, d.task, d.source, p.done, (p.sums / p.tokens).astype(np.float32),
                                   np.full(info.n_layer, p.tokens, dtype=np.int64)))
-    profile = Profile(info, stats, settings, input_moments=_mean_input_moments(partials.values()))
+    moments, means = _mean_input_moments(partials.values())
+    profile = Profile(info, stats, settings, input_moments=moments, input_means=means)
     profile.save(output)
     checkpoint.unlink(missing_ok=True)
     return profile
 
 
-def _mean_input_moments(partials) -> np.ndarray | None:
-    """E[h h^T] per layer over the prompt tokens of every dataset (None when not collected)."""
+def _mean_input_moments(partials) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(E[h h^T], E[h]) per layer over the prompt tokens of every dataset (None when not collected)."""
     partials = [p for p in partials if p.moments is not None]
     if not partials:
-        return None
+        return None, None
     n_tokens = sum(p.moment_tokens for p in partials)
     if n_tokens == 0:
         raise ValueError("no prompt of more than one token: the FFN input moments have no tokens")
-    return (sum(p.moments for p in partials) / n_tokens).astype(np.float32)
+    return ((sum(p.moments for p in partials) / n_tokens).astype(np.float32),
+            (sum(p.h_sums for p in partials) / n_tokens).astype(np.float32))
 
 
 def profile_model(model_path: str | os.PathLike, dataset_specs: list[str] | None, output: str | os.PathLike, *,

@@ -6,6 +6,8 @@ One safetensors file, self-describing:
             input_moments       float32 [n_layer, n_embd, n_embd]  optional: sum_t h(t) h(t)^T / #tokens over
                                 every profiled token, h the layer's FFN input (after ffn_norm); the
                                 converter's gate predictor whitens with it
+            input_means         float32 [n_layer, n_embd]  optional, with input_moments: sum_t h(t) / #tokens
+                                over the same tokens (the compensation's gate and up means)
   metadata  "selectinfer.profile" = JSON: format version, model (digest, file, architecture, n_layer,
             n_ff), datasets (name, task, source, prompts), settings (profiler, max_new_tokens, ...)
 
@@ -28,6 +30,7 @@ FORMAT = "selectinfer-profile"
 FORMAT_VERSION = 1
 META_KEY = "selectinfer.profile"
 MOMENTS_TENSOR = "input_moments"  # optional: old profiles lack it, so FORMAT_VERSION stays 1
+MEANS_TENSOR = "input_means"      # optional, with MOMENTS_TENSOR (profiles before it lack it)
 
 
 class ProfileError(ValueError):
@@ -59,6 +62,7 @@ class Profile:
     datasets: list[DatasetStats]
     settings: dict = field(default_factory=dict)
     input_moments: np.ndarray | None = None  # float32 [n_layer, n_embd, n_embd], E[h h^T] of each FFN input
+    input_means: np.ndarray | None = None    # float32 [n_layer, n_embd], E[h] over the same tokens
 
     # --- merging ------------------------------------------------------------------------------
     def tasks(self) -> list[str]:
@@ -95,6 +99,8 @@ class Profile:
             meta_datasets.append({"name": d.name, "task": d.task, "source": d.source, "n_prompts": d.n_prompts})
         if self.input_moments is not None:
             tensors[MOMENTS_TENSOR] = np.ascontiguousarray(self.input_moments, dtype=np.float32)
+            if self.input_means is not None:
+                tensors[MEANS_TENSOR] = np.ascontiguousarray(self.input_means, dtype=np.float32)
         meta = {"format": FORMAT, "version": FORMAT_VERSION, "model": vars(self.model), "datasets": meta_datasets,
                 "settings": self.settings}
         with atomic_path(path) as tmp:
@@ -122,6 +128,7 @@ class Profile:
                                          f.get_tensor(f"mean_abs/{d['name']}"), f.get_tensor(f"n_tokens/{d['name']}"))
                             for d in meta["datasets"]]
                 moments = f.get_tensor(MOMENTS_TENSOR) if MOMENTS_TENSOR in f.keys() else None
+                means = f.get_tensor(MEANS_TENSOR) if MEANS_TENSOR in f.keys() else None
         except (SafetensorError, OSError, json.JSONDecodeError, KeyError, TypeError) as e:
             raise ProfileError(f"{path} is not a readable selectinfer profile ({e}); profile the model again") from None
         for d in datasets:
@@ -131,7 +138,10 @@ class Profile:
         if moments is not None:
             _check_moments(path, moments, model.n_layer)
             moments = moments.astype(np.float32, copy=False)
-        return cls(model, datasets, meta.get("settings", {}), moments)
+        if means is not None:
+            _check_means(path, means, moments)
+            means = means.astype(np.float32, copy=False)
+        return cls(model, datasets, meta.get("settings", {}), moments, means)
 
 
 def _check_moments(path: Path, moments: np.ndarray, n_layer: int) -> None:
@@ -142,6 +152,18 @@ def _check_moments(path: Path, moments: np.ndarray, n_layer: int) -> None:
                            "the file is corrupt, profile the model again")
     if not np.isfinite(moments).all():
         raise ProfileError(f"{path}: {MOMENTS_TENSOR} holds values that are not finite; the file is corrupt, "
+                           "profile the model again")
+
+
+def _check_means(path: Path, means: np.ndarray, moments: np.ndarray | None) -> None:
+    """input_means must come with input_moments, be [n_layer, n_embd] and finite."""
+    if moments is None:
+        raise ProfileError(f"{path}: {MEANS_TENSOR} without {MOMENTS_TENSOR}; the file is corrupt, profile the model again")
+    if tuple(means.shape) != tuple(moments.shape[:2]):
+        raise ProfileError(f"{path}: {MEANS_TENSOR} has shape {tuple(means.shape)}, expected {tuple(moments.shape[:2])}; "
+                           "the file is corrupt, profile the model again")
+    if not np.isfinite(means).all():
+        raise ProfileError(f"{path}: {MEANS_TENSOR} holds values that are not finite; the file is corrupt, "
                            "profile the model again")
 
 
