@@ -149,7 +149,7 @@ def test_rows_dotted_with_a_non_finite_input(builds, type_name, bad):
     # the block of x holding it quantizes with a NaN step: its dot products are NaN, never finite
     rng = np.random.default_rng(9)
     n_rows, n_cols = 13, 128
-    raw, stored = stored_rows(type_name, rng.standard_normal((n_rows, n_cols)).astype(np.float32))
+    raw, _ = stored_rows(type_name, rng.standard_normal((n_rows, n_cols)).astype(np.float32))
     x = rng.standard_normal(n_cols)
     x[40] = bad
     for level, program in builds.items():
