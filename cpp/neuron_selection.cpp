@@ -411,12 +411,41 @@ ggml_tensor * SiFfnWeights::act(ggml_context * ctx, ggml_tensor * gate_out) cons
     return activation == GatedActivation::gelu ? ggml_gelu(ctx, gate_out) : ggml_silu(ctx, gate_out);
 }
 
+namespace {
+
+// Whether the CPU backend was built with AVX2 (the features ggml reports for it), where the CPU
+// kernel of ggml_si_mul_rows has its repacked GEMM for prompts.
+bool cpu_backend_has_avx2() {
+    ggml_backend_reg_t cpu = ggml_backend_reg_by_name("CPU");
+    auto features = cpu ? (ggml_backend_get_features_t) ggml_backend_reg_get_proc_address(cpu, "ggml_backend_get_features")
+                        : nullptr;
+    for (ggml_backend_feature * f = features ? features(cpu) : nullptr; f && f->name; ++f) {
+        if (std::strcmp(f->name, "AVX2") == 0) return std::strcmp(f->value, "1") == 0;
+    }
+    return false;
+}
+
+}  // namespace
+
+ggml_tensor * gathered_product(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
+    // a prompt over rows in host memory: upstream's repacked GEMM, repacking as it goes, where the
+    // CPU has it; with a GPU present upstream may offload a big batch's mul_mat, so it stays
+    // (a tensor without a buffer lives in its context's CPU memory)
+    const bool in_host_memory = w->buffer ? ggml_backend_buffer_is_host(w->buffer) : w->data != nullptr;
+    const bool repacked_gemm = x->ne[1] > 1 && ggml_si_has_repacked_gemm(w->type) && in_host_memory &&
+                               !ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU) &&
+                               !ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU) && cpu_backend_has_avx2();
+    return repacked_gemm ? ggml_si_mul_rows(ctx, w, x, nullptr, 0) : ggml_mul_mat(ctx, w, x);
+}
+
 LoadedFfn build_loaded_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x) {
     auto gated = [&](ggml_tensor * gate, ggml_tensor * up) {
         return w.gated(ctx, ggml_mul_mat(ctx, gate, x), ggml_mul_mat(ctx, up, x));
     };
     ggml_tensor * act_static = w.n_static > 0 ? gated(w.gate, w.up) : nullptr;
-    ggml_tensor * act_dynamic = w.down_t ? gated(w.gathered_gate(), w.gathered_up()) : nullptr;
+    ggml_tensor * act_dynamic = w.down_t ? w.gated(ctx, gathered_product(ctx, w.gathered_gate(), x),
+                                                   gathered_product(ctx, w.gathered_up(), x))
+                                         : nullptr;
     ggml_tensor * out_static = act_static ? ggml_mul_mat(ctx, w.down_static, act_static) : nullptr;
     ggml_tensor * out_dynamic = act_dynamic ? ggml_si_mul_rows_t(ctx, w.down_t, act_dynamic, nullptr, 0) : nullptr;
     if (!act_static) return {act_dynamic, out_dynamic};

@@ -99,12 +99,12 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
     std::vector<ggml_tensor *> t;
     for (const auto & in : inputs) t.push_back(input_tensor(ctx.get(), in));
     ggml_tensor * out;
-    if (op == "mul_rows" && t.size() == 3) {
+    if (op == "mul_rows" && (t.size() == 2 || t.size() == 3)) {
         require_f32(t[1], "x");
         require(t[1]->ne[0] == t[0]->ne[0], "x must have the weight's row length");
-        require(first_id >= 0, "first_id must be >= 0");
-        require_row_ids(t[2], inputs[2], first_id, t[0]->ne[1]);
-        out = ggml_si_mul_rows(ctx.get(), t[0], t[1], t[2], first_id);
+        require(first_id >= 0 && (first_id == 0 || t.size() == 3), "first_id must be >= 0, and 0 without ids");
+        if (t.size() == 3) require_row_ids(t[2], inputs[2], first_id, t[0]->ne[1]);
+        out = ggml_si_mul_rows(ctx.get(), t[0], t[1], t.size() == 3 ? t[2] : nullptr, first_id);
     } else if (op == "mul_rows_t" && (t.size() == 2 || t.size() == 3)) {
         require_f32(t[1], "h");
         require(first_id >= 0 && (first_id == 0 || t.size() == 3), "first_id must be >= 0, and 0 without ids");
@@ -246,7 +246,7 @@ std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type
         loaded_down.push_back(ggml_mul_mat(c, si.down_static, leaf(n_static)));
     }
     if (n_dynamic > 0) {
-        loaded_gate_up.push_back(act_of(ggml_mul_mat(c, si.gathered_gate(), x), ggml_mul_mat(c, si.gathered_up(), x)));
+        loaded_gate_up.push_back(act_of(gathered_product(c, si.gathered_gate(), x), gathered_product(c, si.gathered_up(), x)));
         loaded_down.push_back(ggml_si_mul_rows_t(c, si.down_t, leaf(n_dynamic), nullptr, 0));
     }
     std::vector<std::pair<std::string, std::vector<ggml_tensor *>>> steps = {

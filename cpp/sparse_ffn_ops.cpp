@@ -9,9 +9,10 @@ extern "C" {
 struct ggml_tensor * ggml_si_mul_rows(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * x,
                                       struct ggml_tensor * ids, int first_id) {
     GGML_ASSERT(w->ne[0] == x->ne[0] && ggml_n_dims(w) <= 2 && ggml_n_dims(x) <= 2);
-    GGML_ASSERT(x->type == GGML_TYPE_F32 && ids->type == GGML_TYPE_I32 && ggml_is_vector(ids));
-    GGML_ASSERT(ggml_is_contiguous(x) && ggml_is_contiguous(ids) && ggml_is_contiguous_rows(w) && first_id >= 0);
-    struct ggml_tensor * out = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, ids->ne[0], x->ne[1]);
+    GGML_ASSERT(x->type == GGML_TYPE_F32 && ggml_is_contiguous(x) && ggml_is_contiguous_rows(w) && first_id >= 0);
+    GGML_ASSERT(!ids || (ids->type == GGML_TYPE_I32 && ggml_is_vector(ids) && ggml_is_contiguous(ids)));
+    GGML_ASSERT(ids || first_id == 0);
+    struct ggml_tensor * out = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, ids ? ids->ne[0] : w->ne[1], x->ne[1]);
     ggml_set_op_params_i32(out, GGML_SI_MUL_ROWS_FIRST_ID, first_id);
     out->op     = GGML_OP_SI_MUL_ROWS;
     out->src[0] = w;
@@ -81,6 +82,17 @@ bool ggml_si_has_fused_loop(enum ggml_type type) {
     switch (type) {
 #define GGML_SI_CASE(T) case GGML_TYPE_##T:
         GGML_SI_FUSED_TYPES(GGML_SI_CASE)
+#undef GGML_SI_CASE
+            return true;
+        default:
+            return false;
+    }
+}
+
+bool ggml_si_has_repacked_gemm(enum ggml_type type) {
+    switch (type) {
+#define GGML_SI_CASE(T) case GGML_TYPE_##T:
+        GGML_SI_REPACKED_GEMM_TYPES(GGML_SI_CASE)
 #undef GGML_SI_CASE
             return true;
         default:

@@ -14,7 +14,9 @@ extern "C" {
 
 // Row-indexed matrix-vector (gate and up at decode):
 //   w [K, R] any type, x [K, T] F32, ids [n] I32 -> [n, T] F32,  out[j, t] = w[ids[j] - first_id] . x[:, t]
-// (first_id: the id of w's row 0, for a weight that holds the rows from first_id on).
+// (first_id: the id of w's row 0, for a weight that holds the rows from first_id on); ids NULL:
+// every row (n = R, first_id 0): what a prompt computes over gathered rows where the CPU kernel
+// runs upstream's repacked GEMM (ggml_si_has_repacked_gemm).
 // The kernels check every row against R, like upstream's get_rows.
 GGML_API struct ggml_tensor * ggml_si_mul_rows(struct ggml_context * ctx, struct ggml_tensor * w,
                                                struct ggml_tensor * x, struct ggml_tensor * ids, int first_id);
@@ -61,6 +63,10 @@ void ggml_si_compute_forward_select(const struct ggml_compute_params * params, s
 // kernels' dispatch (sparse_ffn_cpu.cpp) and for the query below.
 #define GGML_SI_FUSED_TYPES(X) X(F32) X(F16) X(BF16) X(Q8_0) X(Q4_0) X(Q4_1) X(Q4_K) X(Q5_K) X(Q6_K)
 GGML_API bool ggml_si_has_fused_loop(enum ggml_type type);
+// The weight types whose several-token ggml_si_mul_rows runs upstream's repacked GEMM on a CPU
+// built with AVX2 (the rows repacked as it goes, in upstream's layout for the type).
+#define GGML_SI_REPACKED_GEMM_TYPES(X) X(Q4_0)
+GGML_API bool ggml_si_has_repacked_gemm(enum ggml_type type);
 // Work-buffer bytes an op needs with n_tasks threads (ggml_graph_plan).
 size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks);
 

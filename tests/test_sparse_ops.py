@@ -40,6 +40,25 @@ def test_mul_rows(type_name, n_tokens, n_threads):
 
 
 @pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("n_tokens", [2, 4, 7, 70])
+@pytest.mark.parametrize("n_threads", [1, 2, 4])
+@pytest.mark.parametrize("with_ids", [True, False])
+def test_mul_rows_tokens_many_rows(type_name, n_tokens, n_threads, with_ids):
+    # a prompt's products (Q4_0 on AVX2: the rows repacked 32 at a time for upstream's GEMM over
+    # four tokens at a time, the last tokens one by one): several chunks of rows and a partial one,
+    # token counts with and without a remainder of four; without ids, every row (n = R)
+    rows, cols = 203, 3 * max(BLOCK[type_name], 64)
+    w, w_values = weights(type_name, rows, cols, seed=5)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    ids = rng.integers(0, rows, 101).astype(np.int32) if with_ids else np.arange(rows, dtype=np.int32)
+    inputs = [w, f32(x)] + ([i32(ids)] if with_ids else [])
+    got = out_f32(_native.run_sparse_op("mul_rows", inputs, n_threads), (n_tokens, len(ids)))
+    expected = x.astype(np.float64) @ w_values[ids].T
+    assert np.abs(got - expected).max() <= BOUND[type_name] * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("n_threads", [1, 2, 4])
 def test_mul_rows_one_token_many_groups(type_name, n_threads):
     # decode's loops take rows eight at a time, groups dealt out to threads, each reading its next
