@@ -407,10 +407,6 @@ ggml_tensor * SiFfnWeights::gated(ggml_context * ctx, ggml_tensor * gate_out, gg
                                                : ggml_swiglu_split(ctx, gate_out, up_out);
 }
 
-ggml_tensor * SiFfnWeights::act(ggml_context * ctx, ggml_tensor * gate_out) const {
-    return activation == GatedActivation::gelu ? ggml_gelu(ctx, gate_out) : ggml_silu(ctx, gate_out);
-}
-
 namespace {
 
 // Whether the CPU backend was built with AVX2 (the features ggml reports for it), where the CPU
@@ -447,7 +443,7 @@ LoadedFfn build_loaded_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tens
                                                    gathered_product(ctx, w.gathered_up(), x))
                                          : nullptr;
     ggml_tensor * out_static = act_static ? ggml_mul_mat(ctx, w.down_static, act_static) : nullptr;
-    ggml_tensor * out_dynamic = act_dynamic ? ggml_si_mul_rows_t(ctx, w.down_t, act_dynamic, nullptr, 0) : nullptr;
+    ggml_tensor * out_dynamic = act_dynamic ? ggml_si_mul_rows_t(ctx, w.down_t, act_dynamic, nullptr, 0, nullptr) : nullptr;
     if (!act_static) return {act_dynamic, out_dynamic};
     if (!act_dynamic) return {act_static, out_static};
     return {ggml_concat(ctx, act_static, act_dynamic, 0), ggml_add(ctx, out_static, out_dynamic)};
@@ -463,11 +459,9 @@ ggml_tensor * static_block(ggml_context * ctx, const SiFfnWeights & w, ggml_tens
     return ggml_mul_mat(ctx, w.down_static, act);
 }
 
-// The chosen neurons' activations [n, 1] less their nu (their share of comp.out, added whole).
-ggml_tensor * compensated(ggml_context * ctx, ggml_tensor * act, ggml_tensor * chosen, const Compensation & comp) {
-    if (!comp.nu) return act;
-    ggml_tensor * nu = ggml_get_rows(ctx, ggml_reshape_2d(ctx, comp.nu, 1, comp.nu->ne[0]), chosen);  // [1, n]
-    return ggml_sub(ctx, act, ggml_reshape_2d(ctx, nu, act->ne[0], 1));
+// The score a step ranks gathered neurons by, |act(gate)|, applied inside the selection op.
+ggml_si_score abs_activation(const SiFfnWeights & w) {
+    return w.activation == GatedActivation::gelu ? GGML_SI_SCORE_ABS_GELU : GGML_SI_SCORE_ABS_SILU;
 }
 
 ggml_tensor * with_dropped(ggml_context * ctx, ggml_tensor * out, const Compensation & comp) {
@@ -484,7 +478,7 @@ ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_
         ggml_tensor * dynamic = ggml_view_1d(ctx, ids, n_dynamic, w.n_static * sizeof(int32_t));
         ggml_tensor * act = w.gated(ctx, ggml_si_mul_rows(ctx, w.gathered_gate(), x, dynamic, w.n_static),
                                     ggml_si_mul_rows(ctx, w.gathered_up(), x, dynamic, w.n_static));
-        ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, dynamic, w.n_static);
+        ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, dynamic, w.n_static, nullptr);
         out = out ? ggml_add(ctx, out, part) : part;
     }
     return out;
@@ -497,12 +491,12 @@ ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, 
         // gate over every gathered neuron (upstream's matmul), the score |act(gate)|, and the
         // n_dynamic best rows of the gathered tensors (ids from 0: row 0 is neuron n_static)
         ggml_tensor * gate = ggml_mul_mat(ctx, w.gathered_gate(), x);  // [n_gathered, 1]
-        ggml_tensor * chosen = ggml_si_select(ctx, ggml_abs(ctx, w.act(ctx, gate)), 0, n_dynamic);
+        ggml_tensor * chosen = ggml_si_select(ctx, gate, 0, n_dynamic, abs_activation(w));
         ggml_tensor * gate_chosen = ggml_get_rows(ctx, ggml_reshape_2d(ctx, gate, 1, gate->ne[0]), chosen);  // [1, n]
         ggml_tensor * up = ggml_si_mul_rows(ctx, w.gathered_up(), x, chosen, 0);                               // [n, 1]
-        ggml_tensor * act = compensated(ctx, w.gated(ctx, ggml_reshape_2d(ctx, gate_chosen, n_dynamic, 1), up),
-                                        chosen, comp);
-        ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, chosen, 0);
+        ggml_tensor * act = w.gated(ctx, ggml_reshape_2d(ctx, gate_chosen, n_dynamic, 1), up);
+        // each chosen neuron's activation less its nu (its share of comp.out, added whole)
+        ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, chosen, 0, comp.nu);
         out = out ? ggml_add(ctx, out, part) : part;
     }
     return with_dropped(ctx, out, comp);
@@ -515,11 +509,10 @@ ggml_tensor * build_predicted_ffn(ggml_context * ctx, const SiFfnWeights & w, gg
         // the predicted gate of every gathered neuron (two small upstream matmuls), the score
         // |act(predicted)|, and gate, up and down of the n_dynamic best (ids from 0)
         ggml_tensor * predicted = ggml_mul_mat(ctx, w.gate_pred_out, ggml_mul_mat(ctx, w.gate_pred_in, x));
-        ggml_tensor * chosen = ggml_si_select(ctx, ggml_abs(ctx, w.act(ctx, predicted)), 0, n_dynamic);
-        ggml_tensor * act = compensated(ctx, w.gated(ctx, ggml_si_mul_rows(ctx, w.gathered_gate(), x, chosen, 0),
-                                                     ggml_si_mul_rows(ctx, w.gathered_up(), x, chosen, 0)),
-                                        chosen, comp);
-        ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, chosen, 0);
+        ggml_tensor * chosen = ggml_si_select(ctx, predicted, 0, n_dynamic, abs_activation(w));
+        ggml_tensor * act = w.gated(ctx, ggml_si_mul_rows(ctx, w.gathered_gate(), x, chosen, 0),
+                                    ggml_si_mul_rows(ctx, w.gathered_up(), x, chosen, 0));
+        ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, chosen, 0, comp.nu);
         out = out ? ggml_add(ctx, out, part) : part;
     }
     return with_dropped(ctx, out, comp);
@@ -536,7 +529,7 @@ SelectionNodes build_selection(ggml_context * ctx, ggml_tensor * act, ggml_tenso
     } else {
         scores = ggml_si_count(ctx, act, counts, config.token_ratio, config.by_magnitude);
     }
-    return {scores, ggml_si_select(ctx, scores, n_static, n_dynamic)};
+    return {scores, ggml_si_select(ctx, scores, n_static, n_dynamic, GGML_SI_SCORE_VALUE)};
 }
 
 bool NeuronSelection::graph_reusable() const {

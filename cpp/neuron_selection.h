@@ -104,9 +104,8 @@ struct SiFfnWeights {
     int n_static = 0;
 
     static SiFfnWeights of(const llama_layer & layer, GatedActivation activation);
-    // act(gate) * up, and act(gate), with the architecture's activation
+    // act(gate) * up, with the architecture's activation
     ggml_tensor * gated(ggml_context * ctx, ggml_tensor * gate, ggml_tensor * up) const;
-    ggml_tensor * act(ggml_context * ctx, ggml_tensor * gate) const;
     ggml_tensor * gathered_gate() const { return n_static > 0 ? gate_dyn : gate; }
     ggml_tensor * gathered_up() const { return n_static > 0 ? up_dyn : up; }
 };

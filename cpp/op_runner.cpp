@@ -92,7 +92,8 @@ void require_row_ids(const ggml_tensor * ids, const OpInput & in, int64_t first_
 }  // namespace
 
 std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & inputs, int n_threads, int n_static,
-                          int n_dynamic, float alpha, bool by_magnitude, int first_id, const std::string & device) {
+                          int n_dynamic, float alpha, bool by_magnitude, int first_id, int score,
+                          const std::string & device) {
     require(n_threads >= 1 && n_threads <= 512, "n_threads must be in [1, 512]");
     ggml_init_params params = {64 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, /*no_alloc=*/true};
     std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx(ggml_init(params), ggml_free);
@@ -105,16 +106,22 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
         require(first_id >= 0 && (first_id == 0 || t.size() == 3), "first_id must be >= 0, and 0 without ids");
         if (t.size() == 3) require_row_ids(t[2], inputs[2], first_id, t[0]->ne[1]);
         out = ggml_si_mul_rows(ctx.get(), t[0], t[1], t.size() == 3 ? t[2] : nullptr, first_id);
-    } else if (op == "mul_rows_t" && (t.size() == 2 || t.size() == 3)) {
+    } else if (op == "mul_rows_t" && t.size() >= 2 && t.size() <= 4) {
         require_f32(t[1], "h");
-        require(first_id >= 0 && (first_id == 0 || t.size() == 3), "first_id must be >= 0, and 0 without ids");
-        if (t.size() == 3) {
+        require(first_id >= 0 && (first_id == 0 || t.size() >= 3), "first_id must be >= 0, and 0 without ids");
+        if (t.size() == 4) {
+            require_f32(t[3], "h_offset");
+            require(ggml_n_dims(t[3]) == 1 && t[3]->ne[0] == t[0]->ne[1], "h_offset must be [weight rows]");
+            require(t[1]->ne[1] == 1, "h_offset takes one token");
+        }
+        if (t.size() >= 3) {
             require_row_ids(t[2], inputs[2], first_id, t[0]->ne[1]);
             require(t[2]->ne[0] == t[1]->ne[0], "h must have one value per id");
         } else {
             require(t[1]->ne[0] <= t[0]->ne[1], "h has more values than the weight has rows");
         }
-        out = ggml_si_mul_rows_t(ctx.get(), t[0], t[1], t.size() == 3 ? t[2] : nullptr, first_id);
+        out = ggml_si_mul_rows_t(ctx.get(), t[0], t[1], t.size() >= 3 ? t[2] : nullptr, first_id,
+                                 t.size() == 4 ? t[3] : nullptr);
     } else if (op == "count" && (t.size() == 1 || t.size() == 2)) {
         require_f32(t[0], "act");
         require(alpha >= 0 && alpha <= 1, "alpha must be in [0, 1]");
@@ -129,7 +136,9 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
         require(n_static >= 0 && n_dynamic >= 0 && n_static + n_dynamic > 0 &&
                     n_static + n_dynamic <= t[0]->ne[0],
                 "need 0 < n_static + n_dynamic <= n_load");
-        out = ggml_si_select(ctx.get(), t[0], n_static, n_dynamic);
+        require(score == GGML_SI_SCORE_VALUE || score == GGML_SI_SCORE_ABS_SILU || score == GGML_SI_SCORE_ABS_GELU,
+                "score must be 0 (value), 1 (|silu|) or 2 (|gelu|)");
+        out = ggml_si_select(ctx.get(), t[0], n_static, n_dynamic, (ggml_si_score) score);
     } else {
         throw std::invalid_argument("unknown op or wrong number of inputs: " + op);
     }
@@ -247,7 +256,7 @@ std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type
     }
     if (n_dynamic > 0) {
         loaded_gate_up.push_back(act_of(gathered_product(c, si.gathered_gate(), x), gathered_product(c, si.gathered_up(), x)));
-        loaded_down.push_back(ggml_si_mul_rows_t(c, si.down_t, leaf(n_dynamic), nullptr, 0));
+        loaded_down.push_back(ggml_si_mul_rows_t(c, si.down_t, leaf(n_dynamic), nullptr, 0, nullptr));
     }
     std::vector<std::pair<std::string, std::vector<ggml_tensor *>>> steps = {
         {"dense gate+up", {act_of(ggml_mul_mat(c, gate, x), ggml_mul_mat(c, up, x))}},
@@ -263,7 +272,7 @@ std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type
             ggml_tensor * chosen = ggml_view_1d(c, ids, n_chosen, n_static * sizeof(int32_t));
             steps.push_back({"selected gate+up", {act_of(ggml_si_mul_rows(c, si.gathered_gate(), x, chosen, n_static),
                                                          ggml_si_mul_rows(c, si.gathered_up(), x, chosen, n_static))}});
-            steps.push_back({"selected down", {ggml_si_mul_rows_t(c, si.down_t, leaf(n_chosen), chosen, n_static)}});
+            steps.push_back({"selected down", {ggml_si_mul_rows_t(c, si.down_t, leaf(n_chosen), chosen, n_static, nullptr)}});
         }
     } else {  // a prompt computes the loaded layer and selects
         SelectionConfig frequency;  // the method's, alpha 0.2

@@ -29,6 +29,15 @@ SI_HD float rank_key(float a, bool by_magnitude) {
     return bits_float(u);
 }
 
+// The score ggml_si_select ranks a value x by (enum ggml_si_score): x itself, or |act(x)| of a gate
+// value, SiLU x / (1 + e^-x) as upstream's ggml_silu, GELU in upstream's tanh form. A NaN stays
+// NaN (ranked last by rank_key).
+SI_HD float score_of(float x, int score) {
+    if (score == 1) return fabsf(x / (1.0f + expf(-x)));
+    if (score == 2) return fabsf(0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x))));
+    return x;
+}
+
 // k, the number of neurons each token of a batch votes for: alpha times the mean number of
 // positive activations per token, rounded half away from zero, at most n_load.
 SI_HD int64_t top_k(float alpha, int64_t positives, int64_t n_tokens, int64_t n_load) {

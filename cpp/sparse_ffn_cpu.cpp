@@ -313,6 +313,7 @@ void mul_rows_t_one_token(const ggml_compute_params * params, ggml_tensor * dst)
     const ggml_tensor * w = dst->src[0];
     const RowIds row_of(dst);
     const float * h = (const float *) dst->src[1]->data;
+    const float * h_offset = dst->src[3] ? (const float *) dst->src[3]->data : nullptr;  // by weight row
     const int64_t n = dst->src[1]->ne[0], E = w->ne[0];
     const int ith = params->ith, nth = params->nth;
     const int64_t stride = E + 64;  // floats per thread buffer, apart by a cache line or more
@@ -330,12 +331,14 @@ void mul_rows_t_one_token(const ggml_compute_params * params, ggml_tensor * dst)
         for (int64_t k = j + nth * ADD_GROUP; k < std::min(n, j + (nth + 1) * ADD_GROUP); ++k) {
             next[n_next++] = (const char *) w->data + row_of(k) * w->nb[1];
         }
-        if (add_rows_fused(w->type, rows, h + j, nr, E, y, next, n_next)) continue;
+        float v[ADD_GROUP];
+        for (int k = 0; k < nr; ++k) v[k] = h_offset ? h[j + k] - h_offset[row_of(j + k)] : h[j + k];
+        if (add_rows_fused(w->type, rows, v, nr, E, y, next, n_next)) continue;
         for (int k = 0; k < n_next; ++k) prefetch_row_start(next[k], row_size);
         for (int k = 0; k < nr; ++k) {
-            if (h[j + k] == 0.0f) continue;
+            if (v[k] == 0.0f) continue;
             rows_to_float(w, row_of, j + k, 1, 0, E, chunk, E);
-            ggml_vec_mad_f32((int) E, y, chunk, h[j + k]);
+            ggml_vec_mad_f32((int) E, y, chunk, v[k]);
         }
     }
     ggml_barrier(params->threadpool);
@@ -487,8 +490,8 @@ size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks) {
         case GGML_OP_SI_COUNT:
             // per thread: a positives count, then per neuron a key and a count
             return (size_t) n_tasks * (sizeof(int64_t) + count_scratch_bytes(node->src[0]->ne[0])) + 64;
-        case GGML_OP_SI_SELECT:
-            return 0;
+        case GGML_OP_SI_SELECT:  // the candidates' keys
+            return (size_t) node->src[0]->ne[0] * sizeof(uint32_t);
         default:
             return 0;
     }
@@ -626,11 +629,17 @@ void ggml_si_compute_forward_select(const struct ggml_compute_params * params, s
     const int64_t n_load = dst->src[0]->ne[0];
     const int32_t n_static = ggml_get_op_params_i32(dst, GGML_SI_SELECT_N_STATIC);
     const int32_t n_dynamic = ggml_get_op_params_i32(dst, GGML_SI_SELECT_N_DYNAMIC);
-    // the n_dynamic most counted non-static neurons, ties to the lower row, ascending
+    const int32_t score = ggml_get_op_params_i32(dst, GGML_SI_SELECT_SCORE);
+    // the n_dynamic non-static neurons of the highest score, ties to the lower row, ascending
     int32_t * out = (int32_t *) dst->data;
     for (int32_t i = 0; i < n_static; ++i) out[i] = i;
     const float * candidates = counts + n_static;
-    si_rule::take_top_k([&](int64_t i) { return si_rule::order_bits(si_rule::rank_key(candidates[i], false)); },
+    // keys once (the radix select reads each four times)
+    uint32_t * keys = (uint32_t *) params->wdata;
+    for (int64_t i = 0; i < n_load - n_static; ++i) {
+        keys[i] = si_rule::order_bits(si_rule::rank_key(si_rule::score_of(candidates[i], score), false));
+    }
+    si_rule::take_top_k([&](int64_t i) { return keys[i]; },
                         n_load - n_static, n_dynamic,
                         [&](int64_t i, int64_t place) { out[n_static + place] = (int32_t) (n_static + i); });
 }

@@ -35,8 +35,9 @@ struct WeightRows {
     int64_t n;          // neurons
     int64_t n_groups;   // 32-value groups per row
 
+    __device__ int64_t row_index(int64_t j) const { return ids ? (int64_t) ids[j] - first_id : j; }
     __device__ const uint8_t * row(int64_t j) const {
-        const int64_t r = ids ? (int64_t) ids[j] - first_id : j;
+        const int64_t r = row_index(j);
         return r >= 0 && r < n_rows ? data + r * row_bytes : nullptr;
     }
 };
@@ -84,21 +85,23 @@ template <ggml_type T> struct MulRows {
     }
 };
 
-// --- mul_rows_t, one token: out[:] = sum_j h[j] * w[row j][:] ------------------------------------
+// --- mul_rows_t, one token: out[:] = sum_j (h[j] - h_offset[row j]) * w[row j][:] ------------------
 
 constexpr int GROUPS_PER_BLOCK = 128;
 
 template <ggml_type T>
-__global__ void mul_rows_t_one_token_kernel(WeightRows w, const float * h, int64_t rows_per_block, float * out) {
+__global__ void mul_rows_t_one_token_kernel(WeightRows w, const float * h, const float * h_offset, int64_t rows_per_block,
+                                            float * out) {
     const int64_t g = (int64_t) blockIdx.x * GROUPS_PER_BLOCK + threadIdx.x;
     if (g >= w.n_groups) return;
     const int64_t j0 = (int64_t) blockIdx.y * rows_per_block;
     const int64_t j1 = j0 + rows_per_block < w.n ? j0 + rows_per_block : w.n;
     float acc[GROUP_VALUES] = {};
     for (int64_t j = j0; j < j1; ++j) {
-        const float hj = h[j];
         const uint8_t * row = w.row(j);
-        if (hj == 0.0f || !row) continue;
+        if (!row) continue;
+        const float hj = h_offset ? h[j] - h_offset[w.row_index(j)] : h[j];
+        if (hj == 0.0f) continue;
         float v[GROUP_VALUES];
         si_decode::row_group<T>(row, g, v);
 #pragma unroll
@@ -110,12 +113,13 @@ __global__ void mul_rows_t_one_token_kernel(WeightRows w, const float * h, int64
 }
 
 template <ggml_type T> struct MulRowsTOneToken {
-    static void launch(const WeightRows & w, const float * h, float * out, int n_sm, cudaStream_t stream) {
+    static void launch(const WeightRows & w, const float * h, const float * h_offset, float * out, int n_sm,
+                       cudaStream_t stream) {
         // enough blocks for every multiprocessor twice over, and at least 8 rows per atomic add
         const int64_t rows_per_block = std::max<int64_t>(8, (w.n + 2 * n_sm - 1) / (2 * n_sm));
         const dim3 grid((unsigned) ((w.n_groups + GROUPS_PER_BLOCK - 1) / GROUPS_PER_BLOCK),
                         (unsigned) ((w.n + rows_per_block - 1) / rows_per_block));
-        mul_rows_t_one_token_kernel<T><<<grid, GROUPS_PER_BLOCK, 0, stream>>>(w, h, rows_per_block, out);
+        mul_rows_t_one_token_kernel<T><<<grid, GROUPS_PER_BLOCK, 0, stream>>>(w, h, h_offset, rows_per_block, out);
     }
 };
 
@@ -177,7 +181,9 @@ static void mul_rows_t(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     if (T == 1) {
         CUDA_CHECK(cudaMemsetAsync(dst->data, 0, E * sizeof(float), stream));
         const int n_sm = ggml_cuda_info().devices[ctx.device].nsm;
-        with_type<MulRowsTOneToken>(dst->src[0]->type, w, (const float *) hs->data, (float *) dst->data, n_sm, stream);
+        const float * h_offset = dst->src[3] ? (const float *) dst->src[3]->data : nullptr;
+        with_type<MulRowsTOneToken>(dst->src[0]->type, w, (const float *) hs->data, h_offset, (float *) dst->data, n_sm,
+                                    stream);
         return;
     }
     // out [E, T] (column-major E x T) = W^T h: the gathered rows, row-major [n, E], are the
@@ -305,10 +311,10 @@ static void count(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         prev ? (const float *) prev->data : nullptr, votes.get(), n_load, (float *) dst->data);
 }
 
-__global__ void select_kernel(const float * counts, int64_t n_load, int n_static, int n_dynamic, int32_t * out) {
+__global__ void select_kernel(const float * counts, int64_t n_load, int n_static, int n_dynamic, int score, int32_t * out) {
     for (int i = threadIdx.x; i < n_static; i += blockDim.x) out[i] = i;
     const float * candidates = counts + n_static;
-    block_top_k([=](int64_t i) { return si_rule::order_bits(si_rule::rank_key(candidates[i], false)); },
+    block_top_k([=](int64_t i) { return si_rule::order_bits(si_rule::rank_key(si_rule::score_of(candidates[i], score), false)); },
                 n_load - n_static, n_dynamic, [=](int64_t i, int64_t place) { out[n_static + place] = (int32_t) (n_static + i); });
 }
 
@@ -316,8 +322,9 @@ static void select(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggml_tensor * counts = dst->src[0];
     const int n_static = ggml_get_op_params_i32(dst, GGML_SI_SELECT_N_STATIC);
     const int n_dynamic = ggml_get_op_params_i32(dst, GGML_SI_SELECT_N_DYNAMIC);
+    const int score = ggml_get_op_params_i32(dst, GGML_SI_SELECT_SCORE);
     select_kernel<<<1, SELECT_THREADS, 0, ctx.stream()>>>((const float *) counts->data, counts->ne[0], n_static, n_dynamic,
-                                                          (int32_t *) dst->data);
+                                                          score, (int32_t *) dst->data);
 }
 
 }  // namespace

@@ -22,7 +22,7 @@ struct ggml_tensor * ggml_si_mul_rows(struct ggml_context * ctx, struct ggml_ten
 }
 
 struct ggml_tensor * ggml_si_mul_rows_t(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * h,
-                                        struct ggml_tensor * ids, int first_id) {
+                                        struct ggml_tensor * ids, int first_id, struct ggml_tensor * h_offset) {
     GGML_ASSERT(ggml_n_dims(w) <= 2 && ggml_n_dims(h) <= 2 && h->type == GGML_TYPE_F32 && ggml_is_contiguous(h));
     GGML_ASSERT(ggml_is_contiguous_rows(w) && first_id >= 0 && (ids || first_id == 0));
     if (ids) {
@@ -32,10 +32,15 @@ struct ggml_tensor * ggml_si_mul_rows_t(struct ggml_context * ctx, struct ggml_t
     }
     struct ggml_tensor * out = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], h->ne[1]);
     ggml_set_op_params_i32(out, GGML_SI_MUL_ROWS_FIRST_ID, first_id);
+    if (h_offset) {
+        GGML_ASSERT(h_offset->type == GGML_TYPE_F32 && ggml_is_vector(h_offset) && ggml_is_contiguous(h_offset));
+        GGML_ASSERT(h_offset->ne[0] == w->ne[1] && h->ne[1] == 1);
+    }
     out->op     = GGML_OP_SI_MUL_ROWS_T;
     out->src[0] = w;
     out->src[1] = h;
     out->src[2] = ids;
+    out->src[3] = h_offset;
     return out;
 }
 
@@ -57,13 +62,15 @@ struct ggml_tensor * ggml_si_count(struct ggml_context * ctx, struct ggml_tensor
 }
 
 struct ggml_tensor * ggml_si_select(struct ggml_context * ctx, struct ggml_tensor * counts, int n_static,
-                                    int n_dynamic) {
+                                    int n_dynamic, enum ggml_si_score score) {
     GGML_ASSERT(counts->type == GGML_TYPE_F32 && ggml_is_vector(counts) && ggml_is_contiguous(counts));
     GGML_ASSERT(n_static >= 0 && n_dynamic >= 0 && n_static + n_dynamic > 0);
     GGML_ASSERT(n_static + n_dynamic <= counts->ne[0]);
+    GGML_ASSERT(score == GGML_SI_SCORE_VALUE || score == GGML_SI_SCORE_ABS_SILU || score == GGML_SI_SCORE_ABS_GELU);
     struct ggml_tensor * out = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_static + n_dynamic);
     ggml_set_op_params_i32(out, GGML_SI_SELECT_N_STATIC, n_static);
     ggml_set_op_params_i32(out, GGML_SI_SELECT_N_DYNAMIC, n_dynamic);
+    ggml_set_op_params_i32(out, GGML_SI_SELECT_SCORE, score);
     out->op     = GGML_OP_SI_SELECT;
     out->src[0] = counts;
     return out;
@@ -75,7 +82,7 @@ struct ggml_tensor * ggml_si_weight_op(struct ggml_context * ctx, struct ggml_te
         return ggml_si_mul_rows(ctx, w, ggml_new_tensor_1d(ctx, GGML_TYPE_F32, w->ne[0]),
                                 ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1), 0);
     }
-    return ggml_si_mul_rows_t(ctx, w, ggml_new_tensor_1d(ctx, GGML_TYPE_F32, w->ne[1]), nullptr, 0);
+    return ggml_si_mul_rows_t(ctx, w, ggml_new_tensor_1d(ctx, GGML_TYPE_F32, w->ne[1]), nullptr, 0, nullptr);
 }
 
 bool ggml_si_has_fused_loop(enum ggml_type type) {

@@ -22,9 +22,12 @@ GGML_API struct ggml_tensor * ggml_si_mul_rows(struct ggml_context * ctx, struct
                                                struct ggml_tensor * x, struct ggml_tensor * ids, int first_id);
 // Row-indexed transposed accumulate (the down projection stored one row per neuron):
 //   w [E, R] any type, h [n, T] F32, ids [n] I32 or NULL (rows 0..n-1) -> [E, T] F32,
-//   out[:, t] = sum_j h[j, t] * w[ids[j] - first_id, :]
+//   out[:, t] = sum_j (h[j, t] - h_offset[r_j]) * w[r_j, :],  r_j = ids[j] - first_id
+// h_offset [R] F32 or NULL (zeros), one token only: decode's dropped-neuron compensation (each
+// chosen neuron's activation less its share nu of the compensation, without two more ops).
 GGML_API struct ggml_tensor * ggml_si_mul_rows_t(struct ggml_context * ctx, struct ggml_tensor * w,
-                                                 struct ggml_tensor * h, struct ggml_tensor * ids, int first_id);
+                                                 struct ggml_tensor * h, struct ggml_tensor * ids, int first_id,
+                                                 struct ggml_tensor * h_offset);
 // A prompt's neuron selection is two ops, so that a prompt evaluated in several batches selects
 // from all of its tokens: each batch adds its counts to the previous batches' (a per-layer tensor
 // the graph copies the result back into), and the selection reads the running counts.
@@ -37,10 +40,13 @@ GGML_API struct ggml_tensor * ggml_si_count(struct ggml_context * ctx, struct gg
                                             struct ggml_tensor * prev, float alpha, bool by_magnitude);
 
 // Selection: counts [n_load] F32 -> [n_static + n_dynamic] I32: rows 0..n_static-1 (the static
-// neurons, stored first), then the n_dynamic non-static rows with the highest counts, ties to the
-// lower row (stored in ranking order, so the better-ranked neuron); ascending.
+// neurons, stored first), then the n_dynamic non-static rows with the highest score(counts),
+// ties to the lower row (stored in ranking order, so the better-ranked neuron); ascending.
+// score: the counts themselves, or |act(x)| of gate values x (a decode step's per-token choice,
+// the activation applied in the op: si_rule::score_of).
+enum ggml_si_score { GGML_SI_SCORE_VALUE = 0, GGML_SI_SCORE_ABS_SILU = 1, GGML_SI_SCORE_ABS_GELU = 2 };
 GGML_API struct ggml_tensor * ggml_si_select(struct ggml_context * ctx, struct ggml_tensor * counts, int n_static,
-                                             int n_dynamic);
+                                             int n_dynamic, enum ggml_si_score score);
 
 // The node the model loader asks each device about for a weight that op (GGML_OP_SI_MUL_ROWS or
 // _ROWS_T) reads (llama.cpp's weight_buft_supported, ggml-patches/0007): a gathered weight is
@@ -50,7 +56,7 @@ GGML_API struct ggml_tensor * ggml_si_weight_op(struct ggml_context * ctx, struc
 // Op parameter slots (ggml_set_op_params_*).
 enum ggml_si_mul_rows_param { GGML_SI_MUL_ROWS_FIRST_ID = 0 };  // both row ops
 enum ggml_si_count_param { GGML_SI_COUNT_ALPHA = 0, GGML_SI_COUNT_BY_MAGNITUDE = 1 };
-enum ggml_si_select_param { GGML_SI_SELECT_N_STATIC = 0, GGML_SI_SELECT_N_DYNAMIC = 1 };
+enum ggml_si_select_param { GGML_SI_SELECT_N_STATIC = 0, GGML_SI_SELECT_N_DYNAMIC = 1, GGML_SI_SELECT_SCORE = 2 };
 
 // CPU kernels (sparse_ffn_cpu.cpp), called from ggml-cpu's ggml_compute_forward.
 struct ggml_compute_params;

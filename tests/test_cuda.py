@@ -75,6 +75,21 @@ def test_mul_rows_t(cuda, type_name, n_tokens, with_ids):
     close(got, run("CPU", "mul_rows_t", inputs, (n_tokens, cols)), 3e-3)
 
 
+@pytest.mark.parametrize("type_name", CUDA_TYPES)
+def test_mul_rows_t_with_offset(cuda, type_name):
+    # decode's compensation: each activation less the offset of its weight row
+    rows, cols = 301, 2 * BLOCK[type_name]
+    w, w_values = weights(type_name, rows, cols, seed=5)
+    rng = np.random.default_rng(6)
+    ids = rng.choice(rows, 157, replace=False).astype(np.int32)
+    h = rng.standard_normal((1, len(ids))).astype(np.float32)
+    offset = rng.standard_normal(rows).astype(np.float32)
+    inputs = [w, f32(h), i32(ids), f32(offset)]
+    got = run(cuda, "mul_rows_t", inputs, (1, cols))
+    close(got, (h.astype(np.float64) - offset[ids]) @ w_values[ids], 1e-5)
+    close(got, run("CPU", "mul_rows_t", inputs, (1, cols)), 3e-3)
+
+
 @pytest.mark.parametrize("n_tokens", [1, 5, 33])
 @pytest.mark.parametrize("alpha", [0.2, 0.5, 1.0])
 @pytest.mark.parametrize("by_magnitude", [False, True])
@@ -97,6 +112,16 @@ def test_select(cuda, n_static, n_dynamic):
     got = run(cuda, "select", [f32(counts)], (n_static + n_dynamic,), dtype=np.int32, n_static=n_static,
               n_dynamic=n_dynamic)
     np.testing.assert_array_equal(got, reference_choose(counts, n_static, n_dynamic))
+
+
+@pytest.mark.parametrize("score", [1, 2])  # |silu|, |gelu| of gate values: a decode step's choice
+def test_select_by_activation_magnitude(cuda, score):
+    # on a grid of 1/8: equal gates tie on both devices, different ones are far apart beside the
+    # few ulps by which the devices' expf and tanhf may differ
+    gate = (np.round(24 * np.random.default_rng(score).standard_normal(1031)) / 8).astype(np.float32)
+    kw = dict(dtype=np.int32, n_static=0, n_dynamic=400, score=score)
+    got = run(cuda, "select", [f32(gate)], (400,), **kw)
+    np.testing.assert_array_equal(got, run("CPU", "select", [f32(gate)], (400,), **kw))
 
 
 # --- end to end: the default model on the GPU against the CPU ---------------------------------------

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 from helpers import f32, i32, out_f32, stored_rows
-from reference import reference_choose, reference_count, reference_select
+from reference import gelu, reference_choose, reference_count, reference_select, silu
 
 from selectinfer import _native
 
@@ -102,14 +102,35 @@ def test_mul_rows_t(type_name, n_tokens, n_threads, with_ids, size):
         assert error.max() <= 1e-5 * np.abs(expected).max()
 
 
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_mul_rows_t_with_offset(type_name, n_threads):
+    # decode's compensation: each chosen neuron's activation less its nu (h_offset, by weight row)
+    rows, cols = 300, max(2 * BLOCK[type_name], 128)
+    w, w_values = weights(type_name, rows, cols, seed=7)
+    rng = np.random.default_rng(8)
+    ids = rng.permutation(rows)[:101].astype(np.int32)
+    h = rng.standard_normal((1, len(ids))).astype(np.float32)
+    offset = rng.standard_normal(rows).astype(np.float32)
+    offset[ids[3]] = h[0, 3]  # an activation its offset cancels: the row adds nothing
+    got = out_f32(_native.run_sparse_op("mul_rows_t", [w, f32(h), i32(ids), f32(offset)], n_threads), (1, cols))
+    expected = (h.astype(np.float64) - offset[ids]) @ w_values[ids]
+    error = np.abs(got - expected)
+    if type_name in INT_ROW_TYPES and INT_ROWS_BUILT:  # as test_mul_rows_t, one token
+        assert error.max() <= BOUND[type_name] * np.abs(expected).max()
+        assert (error ** 2).mean() <= 1e-4 * (expected ** 2).mean()
+    else:
+        assert error.max() <= 1e-5 * np.abs(expected).max()
+
+
 def run_count(act, alpha, by_magnitude, n_threads, prev=None):
     inputs = [f32(act)] + ([f32(prev)] if prev is not None else [])
     return out_f32(_native.run_sparse_op("count", inputs, n_threads, alpha=alpha, by_magnitude=by_magnitude),
                    (act.shape[1],))
 
 
-def run_select(counts, n_static, n_dynamic):
-    raw = _native.run_sparse_op("select", [f32(counts)], 1, n_static, n_dynamic)
+def run_select(counts, n_static, n_dynamic, score=0):
+    raw = _native.run_sparse_op("select", [f32(counts)], 1, n_static, n_dynamic, score=score)
     return np.frombuffer(raw, dtype=np.int32).tolist()
 
 
@@ -139,6 +160,20 @@ def test_count_ranks_nan_below_every_number():
 def test_select_matches_reference(n_static, n_dynamic):
     counts = np.random.default_rng(8).integers(0, 6, 53).astype(np.float32)  # many ties
     assert run_select(counts, n_static, n_dynamic) == reference_choose(counts, n_static, n_dynamic)
+
+
+@pytest.mark.parametrize("score,act", [(1, silu), (2, gelu)])
+@pytest.mark.parametrize("n_static,n_dynamic", [(0, 40), (7, 150), (0, 300)])
+def test_select_by_activation_magnitude_matches_reference(score, act, n_static, n_dynamic):
+    # a decode step's choice: gate values in, the largest |act(gate)| chosen
+    gate = (3 * np.random.default_rng(10).standard_normal(300)).astype(np.float32)
+    gate[5] = np.nan  # ranked below every number
+    scores = np.abs(act(gate.astype(np.float64)))
+    scores[5] = -np.inf
+    expected = reference_choose(scores, n_static, n_dynamic)
+    if n_dynamic == 150:  # half the neurons: negative gates near act's minimum beat small positive ones
+        assert expected != reference_choose(np.nan_to_num(gate, nan=-np.inf), n_static, n_dynamic)
+    assert run_select(gate, n_static, n_dynamic, score) == expected
 
 
 def test_batches_add_up_to_the_prompts_selection():
@@ -174,6 +209,9 @@ def test_op_argument_errors():
         (("count", [f32(np.ones((2, 5)))], 1, 0, 0, 1.5), "alpha"),
         (("select", [f32(np.ones(5))], 1, 3, 3), "n_static \\+ n_dynamic"),
         (("select", [f32(np.ones(5))], 1, -1, 2), "n_static \\+ n_dynamic"),
+        (("select", [f32(np.ones(5))], 1, 1, 2, 0.0, False, 0, 3), "score must be"),
+        (("mul_rows_t", [w, f32(np.ones((1, 2))), i32([1, 2]), f32(np.ones(7))], 1), "h_offset must be"),
+        (("mul_rows_t", [w, f32(np.ones((2, 2))), i32([1, 2]), f32(np.ones(8))], 1), "h_offset takes one token"),
         (("mul_rows", [(int(T.Q4_0), [48, 2], b"\0" * 100), x, i32([0])], 1), "whole blocks"),
         (("mul_rows", [(999, [64, 2], b""), x, i32([0])], 1), "unknown ggml type"),
         (("mul_rows", [w, x, i32([0])], 0), "n_threads"),
