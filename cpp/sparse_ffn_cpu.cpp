@@ -203,35 +203,28 @@ void mul_rows_int_one_token(const ggml_compute_params * params, ggml_tensor * ds
 #define SI_REPACKED_GEMM 1
 constexpr int64_t REPACK_ROWS = 32;  // the kernel's AVX-512 path takes sixteen rows at a time
 
-// Eight rows' 8-byte pieces of quants interleaved (repack.h's layouts with interleave 8): piece c
-// of row k goes to piece 8c + k; xor_mask flips Q4_0's nibbles to signed ones (q - 8).
-inline void interleave_pieces(const uint8_t * const * qs, int n_pieces, uint64_t xor_mask, uint8_t * out) {
-    for (int c = 0; c < n_pieces; ++c) {
-        for (int k = 0; k < 8; ++k) {
-            uint64_t q;
-            std::memcpy(&q, qs[k] + 8 * c, 8);
-            q ^= xor_mask;
-            std::memcpy(out + 8 * (8 * c + k), &q, 8);
-        }
-    }
-}
-
 // A type's repacked layout, its kernels and the activation type they take.
 template <ggml_type T> struct Repacked;
 
-template <> struct Repacked<GGML_TYPE_Q4_0> {  // block_q4_0x8: the eight rows' d, then the quants
+// block_q4_0x8 (repack.h, interleave 8): per block of 32 values the eight rows' d, then their
+// quants in 8-byte pieces, piece c of row k at piece 8c + k, each nibble stored signed (q - 8:
+// its bit 3 flipped).
+template <> struct Repacked<GGML_TYPE_Q4_0> {
     using Block = block_q4_0x8;
     static constexpr ggml_type x_type = GGML_TYPE_Q8_0;
     static constexpr int64_t values = QK4_0;
     static void repack(const char * const * rows, int64_t n_blocks, Block * out) {
         for (int64_t b = 0; b < n_blocks; ++b) {
-            const uint8_t * qs[8];
             for (int k = 0; k < 8; ++k) {
                 const block_q4_0 * src = (const block_q4_0 *) rows[k] + b;
                 out[b].d[k] = src->d;
-                qs[k] = src->qs;
+                for (int c = 0; c < 2; ++c) {
+                    uint64_t q;
+                    std::memcpy(&q, src->qs + 8 * c, 8);
+                    q ^= 0x8888888888888888ull;
+                    std::memcpy(out[b].qs + 8 * (8 * c + k), &q, 8);
+                }
             }
-            interleave_pieces(qs, 2, 0x8888888888888888ull, (uint8_t *) out[b].qs);
         }
     }
     static void quantize_4_tokens(const float * x, void * y, int64_t K) { ggml_quantize_mat_q8_0_4x8(x, y, K); }
