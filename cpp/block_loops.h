@@ -1,10 +1,12 @@
 // The fused block loops of the row ops (step 3, selective computation): the 32 values of a weight
 // block decoded in registers, per type of GGML_SI_FUSED_TYPES, and the loops over rows built on
-// them (sparse_ffn_cpu.cpp). Self-contained (ggml.h for the type names) so that a test can build
+// them (sparse_ffn_cpu.cpp). Self-contained (ggml.h for the type names, sparse_ffn_ops.h for their lists)
+// so that a test can build
 // them for every x86 level and check them against numpy (tests/test_block_loops.py).
 #pragma once
 
 #include "ggml.h"
+#include "sparse_ffn_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -432,8 +434,9 @@ inline void add_int_block(U && u, int nr, int lo, int hi, const IntFactors & f, 
 // at most 16 * 15 * 127 < 2^15), Q8_0 in 32 (its signed products are twice as large).
 #if defined(__F16C__)
 #define SI_INT_DOTS 1
-template <ggml_type T> constexpr bool has_int_dots =
-    T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1 || T == GGML_TYPE_Q8_0;
+#define SI_OR_TYPE(N) || T == GGML_TYPE_##N
+template <ggml_type T> constexpr bool has_int_dots = false GGML_SI_INT_DOT_TYPES(SI_OR_TYPE);
+#undef SI_OR_TYPE
 
 // x quantized per 32 values: x[i] ~ d[i / 32] * q[i]; sum[b] = sum of block b's q.
 struct Int8Vector {

@@ -409,14 +409,14 @@ ggml_tensor * SiFfnWeights::gated(ggml_context * ctx, ggml_tensor * gate_out, gg
 
 namespace {
 
-// Whether the CPU backend was built with AVX2 (the features ggml reports for it), where the CPU
-// kernel of ggml_si_mul_rows has its repacked GEMM for prompts.
-bool cpu_backend_has_avx2() {
+// Whether the CPU backend was built with a feature (the features ggml reports for it): the CPU
+// kernel of ggml_si_mul_rows has its repacked GEMM with AVX2, its integer dots with AVX2 and F16C.
+bool cpu_backend_has(const char * feature) {
     ggml_backend_reg_t cpu = ggml_backend_reg_by_name("CPU");
     auto features = cpu ? (ggml_backend_get_features_t) ggml_backend_reg_get_proc_address(cpu, "ggml_backend_get_features")
                         : nullptr;
     for (ggml_backend_feature * f = features ? features(cpu) : nullptr; f && f->name; ++f) {
-        if (std::strcmp(f->name, "AVX2") == 0) return std::strcmp(f->value, "1") == 0;
+        if (std::strcmp(f->name, feature) == 0) return std::strcmp(f->value, "1") == 0;
     }
     return false;
 }
@@ -424,14 +424,16 @@ bool cpu_backend_has_avx2() {
 }  // namespace
 
 ggml_tensor * gathered_product(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
-    // a prompt over rows in host memory: upstream's repacked GEMM, repacking as it goes, where the
-    // CPU has it; with a GPU present upstream may offload a big batch's mul_mat, so it stays
-    // (a tensor without a buffer lives in its context's CPU memory)
+    // every gathered row on the CPU: for a prompt, upstream's repacked GEMM, repacking as it goes;
+    // for one token, eight rows at a time in integers (upstream's plain-buffer product takes one);
+    // with a GPU present upstream may offload a big batch's mul_mat, so it stays (a tensor
+    // without a buffer lives in its context's CPU memory)
     const bool in_host_memory = w->buffer ? ggml_backend_buffer_is_host(w->buffer) : w->data != nullptr;
-    const bool repacked_gemm = x->ne[1] > 1 && ggml_si_has_repacked_gemm(w->type) && in_host_memory &&
-                               !ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU) &&
-                               !ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU) && cpu_backend_has_avx2();
-    return repacked_gemm ? ggml_si_mul_rows(ctx, w, x, nullptr, 0) : ggml_mul_mat(ctx, w, x);
+    const bool own_kernel = x->ne[1] > 1 ? ggml_si_has_repacked_gemm(w->type) : ggml_si_has_int_dots(w->type);
+    const bool on_cpu_only = in_host_memory && !ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU) &&
+                             !ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU);
+    const bool cpu_has_it = cpu_backend_has("AVX2") && (x->ne[1] > 1 || cpu_backend_has("F16C"));
+    return own_kernel && on_cpu_only && cpu_has_it ? ggml_si_mul_rows(ctx, w, x, nullptr, 0) : ggml_mul_mat(ctx, w, x);
 }
 
 LoadedFfn build_loaded_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x) {

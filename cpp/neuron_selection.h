@@ -117,9 +117,10 @@ struct LoadedFfn {
     ggml_tensor * out;
 };
 LoadedFfn build_loaded_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x);
-// A gathered gate or up weight w [K, R] times every token of x [K, T]: upstream's mul_mat, or
-// for a prompt over rows of a type in GGML_SI_REPACKED_GEMM_TYPES on a CPU with AVX2 (and no GPU)
-// ggml_si_mul_rows over every row, whose kernel repacks the rows for upstream's faster kernel.
+// A gathered gate or up weight w [K, R] times every token of x [K, T]: upstream's mul_mat, or on
+// a CPU with AVX2 (and no GPU) ggml_si_mul_rows over every row, whose kernel is faster: for a
+// prompt over a type in GGML_SI_REPACKED_GEMM_TYPES it repacks the rows for upstream's repacked
+// GEMM, for one token over a type in GGML_SI_INT_DOT_TYPES it dots eight rows at a time.
 ggml_tensor * gathered_product(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
 
 // A decode step's FFN of a SelectInfer layer over the selection ids (the n_static static neurons

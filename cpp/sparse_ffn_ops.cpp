@@ -107,4 +107,15 @@ bool ggml_si_has_repacked_gemm(enum ggml_type type) {
     }
 }
 
+bool ggml_si_has_int_dots(enum ggml_type type) {
+    switch (type) {
+#define GGML_SI_CASE(T) case GGML_TYPE_##T:
+        GGML_SI_INT_DOT_TYPES(GGML_SI_CASE)
+#undef GGML_SI_CASE
+            return true;
+        default:
+            return false;
+    }
+}
+
 }  // extern "C"

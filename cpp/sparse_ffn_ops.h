@@ -16,7 +16,8 @@ extern "C" {
 //   w [K, R] any type, x [K, T] F32, ids [n] I32 -> [n, T] F32,  out[j, t] = w[ids[j] - first_id] . x[:, t]
 // (first_id: the id of w's row 0, for a weight that holds the rows from first_id on); ids NULL:
 // every row (n = R, first_id 0): what a prompt computes over gathered rows where the CPU kernel
-// runs upstream's repacked GEMM (ggml_si_has_repacked_gemm).
+// runs upstream's repacked GEMM (ggml_si_has_repacked_gemm), and decode over every gathered row
+// where it dots rows eight at a time in integers (ggml_si_has_int_dots).
 // The kernels check every row against R, like upstream's get_rows.
 GGML_API struct ggml_tensor * ggml_si_mul_rows(struct ggml_context * ctx, struct ggml_tensor * w,
                                                struct ggml_tensor * x, struct ggml_tensor * ids, int first_id);
@@ -73,6 +74,10 @@ GGML_API bool ggml_si_has_fused_loop(enum ggml_type type);
 // built with AVX2 (the rows repacked as it goes, in upstream's layout for the type).
 #define GGML_SI_REPACKED_GEMM_TYPES(X) X(Q4_0)
 GGML_API bool ggml_si_has_repacked_gemm(enum ggml_type type);
+// The weight types whose one-token ggml_si_mul_rows dots eight rows at a time in integers on a CPU
+// built with AVX2 and F16C (block_loops.h), faster per byte than upstream's plain-buffer mul_mat.
+#define GGML_SI_INT_DOT_TYPES(X) X(Q8_0) X(Q4_0) X(Q4_1)
+GGML_API bool ggml_si_has_int_dots(enum ggml_type type);
 // Work-buffer bytes an op needs with n_tasks threads (ggml_graph_plan).
 size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks);
 

@@ -60,15 +60,18 @@ def test_mul_rows_tokens_many_rows(type_name, n_tokens, n_threads, with_ids):
 
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("n_threads", [1, 2, 4])
-def test_mul_rows_one_token_many_groups(type_name, n_threads):
+@pytest.mark.parametrize("with_ids", [True, False])
+def test_mul_rows_one_token_many_groups(type_name, n_threads, with_ids):
     # decode's loops take rows eight at a time, groups dealt out to threads, each reading its next
-    # group ahead (Q4_0, Q4_1 and Q8_0 in integers on AVX2): many groups and a partial last one
+    # group ahead (Q4_0, Q4_1 and Q8_0 in integers on AVX2): many groups and a partial last one;
+    # without ids, every row (decode over every loaded neuron)
     rows, cols = 300, 3 * max(BLOCK[type_name], 64)
     w, w_values = weights(type_name, rows, cols, seed=3)
     rng = np.random.default_rng(4)
     x = rng.standard_normal((1, cols)).astype(np.float32)
-    ids = rng.integers(0, rows, 101).astype(np.int32)  # unsorted, with repeats
-    got = out_f32(_native.run_sparse_op("mul_rows", [w, f32(x), i32(ids)], n_threads), (1, len(ids)))
+    ids = rng.integers(0, rows, 101).astype(np.int32) if with_ids else np.arange(rows, dtype=np.int32)
+    inputs = [w, f32(x)] + ([i32(ids)] if with_ids else [])  # with ids: unsorted, with repeats
+    got = out_f32(_native.run_sparse_op("mul_rows", inputs, n_threads), (1, len(ids)))
     expected = x.astype(np.float64) @ w_values[ids].T
     assert np.abs(got - expected).max() <= BOUND[type_name] * np.abs(expected).max()
 
