@@ -1,8 +1,8 @@
 // The fused block loops of the row ops (step 3, selective computation): the 32 values of a weight
 // block decoded in registers, per type of GGML_SI_FUSED_TYPES, and the loops over rows built on
-// them (sparse_ffn_cpu.cpp). Self-contained (ggml.h for the type names, sparse_ffn_ops.h for their lists)
-// so that a test can build
-// them for every x86 level and check them against numpy (tests/test_block_loops.py).
+// them (sparse_ffn_cpu.cpp). Self-contained (ggml.h for the type names, sparse_ffn_ops.h for their
+// lists) so that a test can build them for every x86 level and check them against numpy
+// (tests/test_block_loops.py).
 #pragma once
 
 #include "ggml.h"
