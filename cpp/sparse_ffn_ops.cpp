@@ -85,37 +85,21 @@ struct ggml_tensor * ggml_si_weight_op(struct ggml_context * ctx, struct ggml_te
     return ggml_si_mul_rows_t(ctx, w, ggml_new_tensor_1d(ctx, GGML_TYPE_F32, w->ne[1]), nullptr, 0, nullptr);
 }
 
-bool ggml_si_has_fused_loop(enum ggml_type type) {
-    switch (type) {
+// Whether a type is on one of the type lists of sparse_ffn_ops.h.
 #define GGML_SI_CASE(T) case GGML_TYPE_##T:
-        GGML_SI_FUSED_TYPES(GGML_SI_CASE)
-#undef GGML_SI_CASE
-            return true;
-        default:
-            return false;
+#define GGML_SI_LIST_HAS(LIST, type) \
+    switch (type) {                  \
+        LIST(GGML_SI_CASE)           \
+        return true;                 \
+        default:                     \
+            return false;            \
     }
-}
 
-bool ggml_si_has_repacked_gemm(enum ggml_type type) {
-    switch (type) {
-#define GGML_SI_CASE(T) case GGML_TYPE_##T:
-        GGML_SI_REPACKED_GEMM_TYPES(GGML_SI_CASE)
-#undef GGML_SI_CASE
-            return true;
-        default:
-            return false;
-    }
-}
+bool ggml_si_has_fused_loop(enum ggml_type type) { GGML_SI_LIST_HAS(GGML_SI_FUSED_TYPES, type) }
+bool ggml_si_has_repacked_gemm(enum ggml_type type) { GGML_SI_LIST_HAS(GGML_SI_REPACKED_GEMM_TYPES, type) }
+bool ggml_si_has_int_dots(enum ggml_type type) { GGML_SI_LIST_HAS(GGML_SI_INT_DOT_TYPES, type) }
 
-bool ggml_si_has_int_dots(enum ggml_type type) {
-    switch (type) {
-#define GGML_SI_CASE(T) case GGML_TYPE_##T:
-        GGML_SI_INT_DOT_TYPES(GGML_SI_CASE)
+#undef GGML_SI_LIST_HAS
 #undef GGML_SI_CASE
-            return true;
-        default:
-            return false;
-    }
-}
 
 }  // extern "C"
