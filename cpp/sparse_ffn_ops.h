@@ -75,9 +75,9 @@ GGML_API bool ggml_si_has_fused_loop(enum ggml_type type);
 #define GGML_SI_REPACKED_GEMM_TYPES(X) X(Q4_0)
 GGML_API bool ggml_si_has_repacked_gemm(enum ggml_type type);
 // The weight types whose one-token ggml_si_mul_rows dots eight rows at a time in integers on a CPU
-// built with AVX2 and F16C (block_loops.h): over every row, Q4_0 and Q4_1 faster than upstream's
-// plain-buffer mul_mat, Q8_0 as fast.
-#define GGML_SI_INT_DOT_TYPES(X) X(Q8_0) X(Q4_0) X(Q4_1)
+// built with AVX2 and F16C (block_loops.h): over every row, Q4_0, Q4_1 and the K-quants faster than
+// upstream's plain-buffer mul_mat, Q8_0 as fast.
+#define GGML_SI_INT_DOT_TYPES(X) X(Q8_0) X(Q4_0) X(Q4_1) X(Q4_K) X(Q5_K) X(Q6_K)
 GGML_API bool ggml_si_has_int_dots(enum ggml_type type);
 // Work-buffer bytes an op needs with n_tasks threads (ggml_graph_plan).
 size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks);

@@ -1,8 +1,8 @@
 """The fused block loops (cpp/block_loops.h) built for every x86 level this CPU can run, not only
-the one the engine was built for: SSE2, SSE4.2, AVX, AVX2 and AVX-512 each compile different code
-(vector width, F16C, byte widening), and a CPU only ever runs one of them. Each build decodes
-random rows of every fused type, adds them and dots them; numpy (gguf-py's dequantization) is
-the reference."""
+the one the engine was built for: SSE2, SSE4.2, AVX, AVX2, AVX-512 and the two VNNI levels each
+compile different code (vector width, F16C, byte widening, dot instructions), and a CPU only ever
+runs one of them. Each build decodes random rows of every fused type, adds them and dots them;
+numpy (gguf-py's dequantization) is the reference."""
 import platform
 import shutil
 import subprocess
@@ -25,6 +25,10 @@ LEVELS = [
     ("avx2", ["-mavx2", "-mfma", "-mf16c"], ["avx2", "fma", "f16c"]),
     ("avx512", ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"],
      ["avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"]),
+    # the K-quants' integer dot products take one VNNI instruction where the CPU has it
+    ("avxvnni", ["-mavxvnni", "-mavx2", "-mfma", "-mf16c"], ["avx_vnni", "avx2", "fma", "f16c"]),
+    ("avx512vnni", ["-mavx512vnni", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"],
+     ["avx512_vnni", "avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"]),
 ]
 
 
@@ -83,8 +87,9 @@ def test_every_level_this_cpu_runs_is_checked(builds):
 
 # quantized types whose rows x86 builds with AVX2 add in integers (block_loops.h, SI_INT_ROWS)
 INT_TYPES = {"Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}
-INT_LEVELS = {"avx2", "avx512"}
-INT_DOT_TYPES = {"Q4_0", "Q4_1", "Q8_0"}  # and dots, x quantized to int8 (block_loops.h, SI_INT_DOTS)
+INT_LEVELS = {"avx2", "avx512", "avxvnni", "avx512vnni"}
+# and dots, x quantized to int8 (block_loops.h, SI_INT_DOTS)
+INT_DOT_TYPES = {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
 
 
 @pytest.mark.parametrize("type_name", TYPES)
@@ -148,7 +153,7 @@ def test_f16_edge_values_at_every_level(builds):
 def test_rows_dotted_with_a_non_finite_input(builds, type_name, bad):
     # the block of x holding it quantizes with a NaN step: its dot products are NaN, never finite
     rng = np.random.default_rng(9)
-    n_rows, n_cols = 13, 128
+    n_rows, n_cols = 13, 256  # a K-quant super-block
     raw, _ = stored_rows(type_name, rng.standard_normal((n_rows, n_cols)).astype(np.float32))
     x = rng.standard_normal(n_cols)
     x[40] = bad
@@ -171,3 +176,27 @@ def test_q8_0_rows_of_extreme_bytes_dotted(builds):
     for level, program in builds.items():
         run = run_level(program, "Q8_0", blocks.tobytes(), n_rows, n_cols, np.zeros(n_rows), x)
         assert np.abs(run.int_dots - expected).max() <= 2e-2 * np.abs(expected).max(), level
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_k_quant_rows_of_random_bytes_dotted(builds, type_name):
+    # every byte pattern is a valid K-quant super-block once its steps are finite: 6-bit scales
+    # and minimums of 0 and 63, Q6_K's int8 scales of -128 and its values at 0 and 63
+    from gguf.quants import dequantize
+    rng = np.random.default_rng(11)
+    n_rows, n_cols = 19, 768
+    block_bytes = GGML_QUANT_SIZES[T[type_name]][1]
+    blocks = rng.integers(0, 256, (n_rows, n_cols // 256, block_bytes), dtype=np.uint8)
+    steps = [block_bytes - 2] if type_name == "Q6_K" else [0, 2]  # d (and dmin) as fp16
+    for at in steps:
+        halves = rng.uniform(0.01, 0.1, (n_rows, n_cols // 256)).astype(np.float16)
+        blocks[:, :, at:at + 2] = halves.view(np.uint8).reshape(n_rows, n_cols // 256, 2)
+    stored = dequantize(blocks.reshape(n_rows, -1), T[type_name]).astype(np.float64)
+    x = rng.standard_normal(n_cols)
+    expected = stored @ x
+    for level, program in builds.items():
+        run = run_level(program, type_name, blocks.tobytes(), n_rows, n_cols, np.zeros(n_rows), x)
+        assert run.int_dotted == (level in INT_LEVELS), level
+        error = np.abs(run.int_dots - expected)
+        assert error.max() <= 2e-2 * np.abs(expected).max(), level
+        assert (error ** 2).mean() <= 1e-4 * (expected ** 2).mean(), level

@@ -63,7 +63,7 @@ def test_mul_rows_tokens_many_rows(type_name, n_tokens, n_threads, with_ids):
 @pytest.mark.parametrize("with_ids", [True, False])
 def test_mul_rows_one_token_many_groups(type_name, n_threads, with_ids):
     # decode's loops take rows eight at a time, groups dealt out to threads, each reading its next
-    # group ahead (Q4_0, Q4_1 and Q8_0 in integers on AVX2): many groups and a partial last one;
+    # group ahead (Q4_0, Q4_1, Q8_0 and the K-quants in integers on AVX2): many groups and a partial last one;
     # without ids, every row (decode over every loaded neuron)
     rows, cols = 300, 3 * max(BLOCK[type_name], 64)
     w, w_values = weights(type_name, rows, cols, seed=3)
