@@ -71,19 +71,27 @@ SI_HD int next_digit(const int * hist, int64_t & wanted) {
 }
 
 // The order bits of the k-th largest of n keys (1 <= k <= n) and how many equal keys are taken
-// (ties, the lowest rows): the radix select as the kernels run it, one pass at a time, written
-// sequentially for the host (the kernels build each histogram in parallel).
-template <typename KeyAt> inline uint32_t kth_largest(KeyAt key_at, int64_t n, int64_t k, int64_t & ties) {
-    uint32_t prefix = 0, mask = 0;
+// (ties, the lowest rows): the radix select's passes, written sequentially for the host (the
+// kernels build each histogram in parallel). After the first pass the keys sharing its digit are
+// copied to `narrowed` (room for n), so the later passes read only those, without a branch on
+// every key.
+template <typename KeyAt>
+inline uint32_t kth_largest(KeyAt key_at, int64_t n, int64_t k, int64_t & ties, uint32_t * narrowed) {
     int64_t wanted = k;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        int hist[256] = {0};
-        for (int64_t i = 0; i < n; ++i) {
-            const uint32_t u = key_at(i);
-            if ((u & mask) == prefix) hist[(u >> shift) & 255] += 1;
-        }
-        prefix |= (uint32_t) next_digit(hist, wanted) << shift;
-        mask |= 255u << shift;
+    int hist[256] = {0};
+    for (int64_t i = 0; i < n; ++i) hist[key_at(i) >> 24] += 1;
+    uint32_t prefix = (uint32_t) next_digit(hist, wanted) << 24;
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const uint32_t u = key_at(i);
+        narrowed[m] = u;
+        m += (u >> 24) == (prefix >> 24);
+    }
+    for (int shift = 16; shift >= 0; shift -= 8) {
+        const uint32_t mask = ~0u << (shift + 8);  // the digits chosen so far
+        int h[256] = {0};
+        for (int64_t j = 0; j < m; ++j) h[(narrowed[j] >> shift) & 255] += (narrowed[j] & mask) == prefix;
+        prefix |= (uint32_t) next_digit(h, wanted) << shift;
     }
     ties = wanted;
     return prefix;
@@ -93,10 +101,11 @@ template <typename KeyAt> inline uint32_t kth_largest(KeyAt key_at, int64_t n, i
 // index, in ascending order of i, place counting from 0: everything above the k-th largest key,
 // then the first `ties` equal to it. The CPU kernels run it as it is; the CUDA kernels run the
 // same passes with a thread block (block_top_k in sparse_ffn_cuda.cu).
-template <typename KeyAt, typename Take> inline void take_top_k(KeyAt key_at, int64_t n, int64_t k, Take take) {
+template <typename KeyAt, typename Take>
+inline void take_top_k(KeyAt key_at, int64_t n, int64_t k, Take take, uint32_t * narrowed) {
     if (k <= 0) return;
     int64_t ties = 0;
-    const uint32_t kth = kth_largest(key_at, n, k, ties);
+    const uint32_t kth = kth_largest(key_at, n, k, ties, narrowed);
     int64_t place = 0;
     for (int64_t i = 0; i < n; ++i) {
         const uint32_t u = key_at(i);

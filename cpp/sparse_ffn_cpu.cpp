@@ -439,17 +439,18 @@ void mul_rows_t_tokens(const ggml_compute_params * params, ggml_tensor * dst) {
 
 // One thread's scratch of the counting op: two arrays of n_load.
 struct CountScratch {
-    uint32_t * key;    // the token's ranking key per neuron (si_rule::order_bits)
-    int32_t * count;   // votes of this thread's tokens
+    uint32_t * key;       // the token's ranking key per neuron (si_rule::order_bits)
+    uint32_t * narrowed;  // the radix select's candidates after its first pass
+    int32_t * count;      // votes of this thread's tokens
 };
 
 size_t count_scratch_bytes(int64_t n_load) {
-    return (size_t) n_load * (sizeof(uint32_t) + sizeof(int32_t));
+    return (size_t) n_load * (2 * sizeof(uint32_t) + sizeof(int32_t));
 }
 
 CountScratch count_scratch(void * base, int64_t n_load) {
     uint32_t * k = (uint32_t *) base;
-    return {k, (int32_t *) (k + n_load)};
+    return {k, k + n_load, (int32_t *) (k + 2 * n_load)};
 }
 
 }  // namespace
@@ -483,8 +484,8 @@ size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks) {
         case GGML_OP_SI_COUNT:
             // per thread: a positives count, then per neuron a key and a count
             return (size_t) n_tasks * (sizeof(int64_t) + count_scratch_bytes(node->src[0]->ne[0])) + 64;
-        case GGML_OP_SI_SELECT:  // the candidates' keys
-            return (size_t) node->src[0]->ne[0] * sizeof(uint32_t);
+        case GGML_OP_SI_SELECT:  // the candidates' keys, and those the radix select narrows to
+            return 2 * (size_t) node->src[0]->ne[0] * sizeof(uint32_t);
         default:
             return 0;
     }
@@ -593,13 +594,19 @@ void ggml_si_compute_forward_count(const struct ggml_compute_params * params, st
     const int64_t k = si_rule::top_k(alpha, all_positives, T, n_load);
 
     // a token's top k (selection_rule.h): the k-th largest key by radix select, then every neuron
-    // above it and, among those equal to it, the lower rows until k are counted
+    // above it and, among those equal to it, the lower rows until k are counted (without a branch
+    // on every neuron: about half of them are taken)
     std::fill(mine.count, mine.count + n_load, 0);
     for (int64_t t = ith; t < T && k > 0; t += nth) {
         const float * a = token(t);
         for (int64_t i = 0; i < n_load; ++i) mine.key[i] = si_rule::order_bits(si_rule::rank_key(a[i], by_magnitude));
-        si_rule::take_top_k([&](int64_t i) { return mine.key[i]; }, n_load, k,
-                            [&](int64_t i, int64_t) { mine.count[i] += 1; });
+        int64_t ties = 0;
+        const uint32_t kth = si_rule::kth_largest([&](int64_t i) { return mine.key[i]; }, n_load, k, ties, mine.narrowed);
+        for (int64_t i = 0; i < n_load; ++i) {
+            bool taken = mine.key[i] > kth;
+            if (mine.key[i] == kth) taken = ties-- > 0;
+            mine.count[i] += taken;
+        }
     }
     ggml_barrier(params->threadpool);
     // threads merge the counts, each a range of neurons, onto the previous batches' counts
@@ -634,7 +641,8 @@ void ggml_si_compute_forward_select(const struct ggml_compute_params * params, s
     }
     si_rule::take_top_k([&](int64_t i) { return keys[i]; },
                         n_load - n_static, n_dynamic,
-                        [&](int64_t i, int64_t place) { out[n_static + place] = (int32_t) (n_static + i); });
+                        [&](int64_t i, int64_t place) { out[n_static + place] = (int32_t) (n_static + i); },
+                        keys + (n_load - n_static));
 }
 
 }  // extern "C"

@@ -42,11 +42,13 @@ int top(int argc, char ** argv) {
     std::vector<float> a(n);
     if (fread(a.data(), sizeof(float), n, stdin) != (size_t) n) return 2;
     std::vector<int32_t> ids;
+    std::vector<uint32_t> narrowed(n);
     si_rule::take_top_k([&](int64_t i) { return si_rule::order_bits(si_rule::rank_key(a[i], by_magnitude)); }, n, k,
                         [&](int64_t i, int64_t place) {
                             if (place != (int64_t) ids.size()) std::abort();  // places count up from 0
                             ids.push_back((int32_t) i);
-                        });
+                        },
+                        narrowed.data());
     fwrite(ids.data(), sizeof(int32_t), ids.size(), stdout);
     return 0;
 }
