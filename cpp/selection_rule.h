@@ -99,7 +99,8 @@ inline uint32_t kth_largest(KeyAt key_at, int64_t n, int64_t k, int64_t & ties, 
 
 // Calls take(i, place) for the k largest of keys key_at(0 .. n) (order_bits), ties to the lower
 // index, in ascending order of i, place counting from 0: everything above the k-th largest key,
-// then the first `ties` equal to it. The CPU kernels run it as it is; the CUDA kernels run the
+// then the first `ties` equal to it. The CPU select kernel runs it as it is (the count kernel
+// takes kth_largest and counts the votes without a branch per key); the CUDA kernels run the
 // same passes with a thread block (block_top_k in sparse_ffn_cuda.cu).
 template <typename KeyAt, typename Take>
 inline void take_top_k(KeyAt key_at, int64_t n, int64_t k, Take take, uint32_t * narrowed) {

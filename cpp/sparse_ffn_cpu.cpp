@@ -1,8 +1,9 @@
 // CPU kernels of selectinfer's ops (compiled into ggml-cpu).
 //   mul_rows    one token, float weights: eight rows at a time with loops converting in
 //               registers; Q4_0, Q4_1, Q8_0 and the K-quants on x86 with AVX2: eight rows at a
-//               time in integers (x quantized once to int8); otherwise ggml's own vec_dot for the weight type,
-//               row by row (x converted once to the type's vec_dot_type), like upstream's mul_mat.
+//               time in integers (x quantized once to int8); otherwise ggml's own vec_dot for
+//               the weight type, row by row (x converted once to the type's vec_dot_type), like
+//               upstream's mul_mat.
 //   mul_rows_t  one token: adds rows sixteen at a time with per-type loops that convert in
 //               registers (block_loops.h), other types row by row;
 //               several tokens: a blocked GEMM over F32 panels of the weight.
@@ -437,7 +438,7 @@ void mul_rows_t_tokens(const ggml_compute_params * params, ggml_tensor * dst) {
     }
 }
 
-// One thread's scratch of the counting op: two arrays of n_load.
+// One thread's scratch of the counting op: three arrays of n_load.
 struct CountScratch {
     uint32_t * key;       // the token's ranking key per neuron (si_rule::order_bits)
     uint32_t * narrowed;  // the radix select's candidates after its first pass
@@ -482,7 +483,7 @@ size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks) {
             return (size_t) n_tasks * std::max<int64_t>(2 * (E + 64), panel) * sizeof(float);
         }
         case GGML_OP_SI_COUNT:
-            // per thread: a positives count, then per neuron a key and a count
+            // per thread: a positives count, then per neuron a key, a narrowed key and a count
             return (size_t) n_tasks * (sizeof(int64_t) + count_scratch_bytes(node->src[0]->ne[0])) + 64;
         case GGML_OP_SI_SELECT:  // the candidates' keys, and those the radix select narrows to
             return 2 * (size_t) node->src[0]->ne[0] * sizeof(uint32_t);
