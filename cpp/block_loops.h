@@ -583,7 +583,7 @@ template <ggml_type T> struct DotRowsInt {
             if constexpr (T == GGML_TYPE_Q6_K) {
                 // values d * scale * (u - 32): x's sums per piece (shared by the rows) times 32
                 __m256i ones[8], center[2];
-                for (int j = 0; j < 8; ++j) ones[j] = _mm256_set1_epi8(1);
+                std::fill(ones, ones + 8, _mm256_set1_epi8(1));
                 piece_sums(ones, xq, center);
                 // pieces 2j (values 0-15 of block j) and 2j+1 in piece_sums' order, x's steps alike
                 const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
@@ -591,9 +591,8 @@ template <ggml_type T> struct DotRowsInt {
                 for (int h = 0; h < 2; ++h) center[h] = _mm256_slli_epi32(center[h], 5);
                 for (int k = 0; k < nr; ++k) {
                     const uint8_t * s = (const uint8_t *) rows[k] + bytes * sb;
-                    __m256i u[8], sums[2];
-                    unroll<8>([&](auto J) { u[decltype(J)::value] = int_block_u<T>(s, decltype(J)::value); });
-                    piece_sums(u, xq, sums);
+                    __m256i sums[2];
+                    super_block_sums(s, xq, sums);
                     const __m128i sc = _mm_loadu_si128((const __m128i *) (s + 192));
                     const __m256 d = _mm256_set1_ps(fp16(s + 208));
                     for (int h = 0; h < 2; ++h) {
@@ -607,9 +606,8 @@ template <ggml_type T> struct DotRowsInt {
                 const __m256 dx_sum = _mm256_mul_ps(dx, _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *) (x.sum + 8 * sb))));
                 for (int k = 0; k < nr; ++k) {
                     const uint8_t * s = (const uint8_t *) rows[k] + bytes * sb;
-                    __m256i u[8], sums[2];
-                    unroll<8>([&](auto J) { u[decltype(J)::value] = int_block_u<T>(s, decltype(J)::value); });
-                    piece_sums(u, xq, sums);
+                    __m256i sums[2];
+                    super_block_sums(s, xq, sums);
                     const __m256i block = _mm256_add_epi32(_mm256_permute2x128_si256(sums[0], sums[1], 0x20),
                                                            _mm256_permute2x128_si256(sums[0], sums[1], 0x31));
                     const __m128i packed = (__m128i) k_scales_mins(s);
@@ -626,6 +624,13 @@ template <ggml_type T> struct DotRowsInt {
             s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
             out[k] = _mm_cvtss_f32(_mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1)));
         }
+    }
+
+    // A row's super-block s dotted with x's 256 int8 values, in piece_sums' lanes.
+    static void super_block_sums(const uint8_t * s, const int8_t * xq, __m256i * sums) {
+        __m256i u[8];
+        unroll<8>([&](auto J) { u[decltype(J)::value] = int_block_u<T>(s, decltype(J)::value); });
+        piece_sums(u, xq, sums);
     }
 
     // Blocks j = 0..7 of a super-block, u[j] its unsigned integers (at most 63), dotted with x's
