@@ -62,8 +62,9 @@ def test_graph_tensors_after_an_odd_sized_input_start_on_a_cache_line(ggml):
         galloc = ggml.ggml_gallocr_new(ggml.ggml_backend_cpu_buffer_type())
         assert ggml.ggml_gallocr_alloc_graph(galloc, graph)
         tensors = {"index": index, "rows": rows, "picked": picked, "summed": summed, "doubled": doubled}
-        offsets = {name: ggml.ggml_get_data(t) % CACHE_LINE for name, t in tensors.items()}
-        assert all(ggml.ggml_get_data(t) for t in tensors.values())
+        addresses = {name: ggml.ggml_get_data(t) for name, t in tensors.items()}
+        assert all(addresses.values()), addresses
+        offsets = {name: address % CACHE_LINE for name, address in addresses.items()}
         assert offsets == dict.fromkeys(tensors, 0), offsets
     finally:
         if galloc:
