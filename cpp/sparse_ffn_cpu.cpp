@@ -192,41 +192,51 @@ void mul_rows_int_one_token(const ggml_compute_params * params, ggml_tensor * ds
 }
 #endif
 
-// --- several tokens, Q4_0 on x86 with AVX2: upstream's repacked GEMM over gathered rows ---------
+// --- several tokens, Q4_0 and Q4_1 on x86 with AVX2: upstream's repacked GEMM over gathered rows
 // A prompt computes every loaded neuron. The original model runs its Q4_0 matrices on ggml's
 // repacked kernel (eight rows interleaved per block; on Zen 4 2x faster per row over 64 tokens
-// than the plain-buffer GEMM, llamafile's). Gathered rows stay plain, for decode reads single rows
-// (a repacked group is read whole for one of its rows), so a prompt repacks them REPACK_ROWS at a
-// time into a thread's scratch (55 KiB for a 3072-wide row) and runs upstream's kernel on it, x
-// quantized once, as upstream's mul_mat does on repacked weights. (Q4_K has a repacked kernel
+// than the plain-buffer GEMM, llamafile's), its Q4_0 and Q4_1 ones on AMX where the CPU has it.
+// Gathered rows stay plain, for decode reads single rows (a repacked group is read whole for one
+// of its rows), so a prompt repacks them REPACK_ROWS at a time into a thread's scratch (55 KiB for
+// a 3072-wide row) and runs upstream's kernel on it, x quantized once, as upstream's mul_mat does
+// on repacked weights. Q4_1 has no repacked kernel: its rows go through Q4_0's (the quants and
+// scales as they are) and each block's offset is added after (below). (Q4_K has a repacked kernel
 // too, but there ggml's plain-buffer product was 1.4-2x faster on Zen 4: it stays.)
 #if defined(__AVX2__)
 #define SI_REPACKED_GEMM 1
 constexpr int64_t REPACK_ROWS = 32;  // the kernel's AVX-512 path takes sixteen rows at a time
 
-// A type's repacked layout, its kernels and the activation type they take.
+// A type's repacked layout, its kernels and the activation type they take. `offsets` is set for
+// a type whose kernel leaves out a per-block term: w = kernel's value + offset[b] over block b,
+// so each row's product gains sum over b of offset[b] * (sum of x over block b).
 template <ggml_type T> struct Repacked;
 
 // block_q4_0x8 (repack.h, interleave 8): per block of 32 values the eight rows' d, then their
 // quants in 8-byte pieces, piece c of row k at piece 8c + k, each nibble stored signed (q - 8:
-// its bit 3 flipped).
+// its bit 3 flipped). Src: block_q4_0 or block_q4_1, both d first (q4_1: then m) and qs last.
+template <typename Src> void repack_nibbles_x8(const char * const * rows, int64_t n_blocks, block_q4_0x8 * out) {
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        for (int k = 0; k < 8; ++k) {
+            const Src * src = (const Src *) rows[k] + b;
+            std::memcpy(&out[b].d[k], src, sizeof(ggml_half));
+            for (int c = 0; c < 2; ++c) {
+                uint64_t q;
+                std::memcpy(&q, src->qs + 8 * c, 8);
+                q ^= 0x8888888888888888ull;
+                std::memcpy(out[b].qs + 8 * (8 * c + k), &q, 8);
+            }
+        }
+    }
+}
+
 template <> struct Repacked<GGML_TYPE_Q4_0> {
     using Block = block_q4_0x8;
     static constexpr ggml_type x_type = GGML_TYPE_Q8_0;
     static constexpr int64_t values = QK4_0;
-    static void repack(const char * const * rows, int64_t n_blocks, Block * out) {
-        for (int64_t b = 0; b < n_blocks; ++b) {
-            for (int k = 0; k < 8; ++k) {
-                const block_q4_0 * src = (const block_q4_0 *) rows[k] + b;
-                out[b].d[k] = src->d;
-                for (int c = 0; c < 2; ++c) {
-                    uint64_t q;
-                    std::memcpy(&q, src->qs + 8 * c, 8);
-                    q ^= 0x8888888888888888ull;
-                    std::memcpy(out[b].qs + 8 * (8 * c + k), &q, 8);
-                }
-            }
-        }
+    static constexpr bool has_offsets = false;
+    // eight rows' n_blocks blocks into out; offsets (per block b, row k at b * stride + k) unused
+    static void repack(const char * const * rows, int64_t n_blocks, Block * out, float *, int64_t) {
+        repack_nibbles_x8<block_q4_0>(rows, n_blocks, out);
     }
     static void quantize_4_tokens(const float * x, void * y, int64_t K) { ggml_quantize_mat_q8_0_4x8(x, y, K); }
     static void gemm(int K, float * s, size_t bs, const void * w, const void * x, int nr, int nc) {
@@ -237,18 +247,43 @@ template <> struct Repacked<GGML_TYPE_Q4_0> {
     }
 };
 
+// Q4_1's w = d q + m (q in 0..15) through Q4_0's kernel, which reads d (q - 8): the offset per
+// block is 8 d + m.
+template <> struct Repacked<GGML_TYPE_Q4_1> : Repacked<GGML_TYPE_Q4_0> {
+    static constexpr int64_t values = QK4_1;
+    static constexpr bool has_offsets = true;
+    static void repack(const char * const * rows, int64_t n_blocks, Block * out, float * offsets, int64_t stride) {
+        repack_nibbles_x8<block_q4_1>(rows, n_blocks, out);
+        for (int64_t b = 0; b < n_blocks; ++b) {
+            for (int k = 0; k < 8; ++k) {
+                ggml_half dm[2];
+                std::memcpy(dm, (const block_q4_1 *) rows[k] + b, sizeof dm);
+                offsets[b * stride + k] = 8.0f * ggml_fp16_to_fp32(dm[0]) + ggml_fp16_to_fp32(dm[1]);
+            }
+        }
+    }
+};
+
 bool has_repacked_gemm(const ggml_tensor * w, const ggml_tensor * x) {
     return ggml_si_has_repacked_gemm(w->type) && x->ne[1] > 1;
 }
 
-template <ggml_type T> size_t repack_scratch_bytes(int64_t K, int64_t T_tokens) {
-    return (size_t) (REPACK_ROWS / 8) * (K / Repacked<T>::values) * sizeof(typename Repacked<T>::Block) +
-           (size_t) (T_tokens * REPACK_ROWS) * sizeof(float) + 64;
+// A thread's scratch: REPACK_ROWS rows repacked, a partial chunk's output, the chunk's offsets.
+template <ggml_type T> size_t repack_scratch_bytes(int64_t K, int64_t n_tokens) {
+    const int64_t n_blocks = K / Repacked<T>::values;
+    return (size_t) (REPACK_ROWS / 8) * n_blocks * sizeof(typename Repacked<T>::Block) +
+           (size_t) (n_tokens * REPACK_ROWS) * sizeof(float) + (size_t) (n_blocks * REPACK_ROWS) * sizeof(float) + 64;
 }
 
-size_t repack_scratch_bytes(ggml_type type, int64_t K, int64_t T_tokens) {
+// The op's work buffer: x in the kernel's type, x's sums per block, then a scratch per thread.
+template <ggml_type T> size_t repacked_work_bytes(int64_t K, int64_t n_tokens, int n_threads) {
+    return ggml_row_size(Repacked<T>::x_type, K) * n_tokens + (size_t) (n_tokens * (K / Repacked<T>::values)) * sizeof(float) +
+           64 + (size_t) n_threads * repack_scratch_bytes<T>(K, n_tokens);
+}
+
+size_t repacked_work_bytes(ggml_type type, int64_t K, int64_t n_tokens, int n_threads) {
     switch (type) {
-#define SI_CASE(T) case GGML_TYPE_##T: return repack_scratch_bytes<GGML_TYPE_##T>(K, T_tokens);
+#define SI_CASE(T) case GGML_TYPE_##T: return repacked_work_bytes<GGML_TYPE_##T>(K, n_tokens, n_threads);
         GGML_SI_REPACKED_GEMM_TYPES(SI_CASE)
 #undef SI_CASE
         default: GGML_ABORT("no repacked GEMM for type %s", ggml_type_name(type));
@@ -267,16 +302,28 @@ template <ggml_type T> struct MulRowsRepacked {
         // n_tokens % 4 as plain rows of the kernel's activation type
         const size_t x_row = ggml_row_size(R::x_type, K);
         char * xq = (char *) params->wdata;
+        float * x_sums = (float *) (xq + n_tokens * x_row);  // [token][block], for the offsets
         const int64_t T4 = n_tokens - n_tokens % 4;
         for (int64_t t = 4 * ith; t < T4; t += 4 * nth) R::quantize_4_tokens((const float *) x->data + t * K, xq + t * x_row, K);
         const auto from_float = ggml_get_type_traits_cpu(R::x_type)->from_float;
         for (int64_t t = T4 + ith; t < n_tokens; t += nth) from_float((const float *) x->data + t * K, xq + t * x_row, K);
+        if constexpr (R::has_offsets) {
+            for (int64_t t = ith; t < n_tokens; t += nth) {
+                const float * xt = (const float *) x->data + t * K;
+                for (int64_t b = 0; b < n_blocks; ++b) {
+                    float sum = 0.0f;
+                    for (int64_t i = 0; i < R::values; ++i) sum += xt[b * R::values + i];
+                    x_sums[t * n_blocks + b] = sum;
+                }
+            }
+        }
         ggml_barrier(params->threadpool);
 
-        char * scratch = (char *) (((uintptr_t) (xq + n_tokens * x_row) + 63) & ~(uintptr_t) 63) +
+        char * scratch = (char *) (((uintptr_t) (x_sums + n_tokens * n_blocks) + 63) & ~(uintptr_t) 63) +
                          ith * repack_scratch_bytes<T>(K, n_tokens);
         auto * packed = (typename R::Block *) scratch;
         float * tail_out = (float *) (scratch + (REPACK_ROWS / 8) * n_blocks * sizeof(typename R::Block));
+        float * offsets = tail_out + n_tokens * REPACK_ROWS;  // [block][row of the chunk]
         float * out = (float *) dst->data;
         const int64_t out_stride = dst->nb[1] / sizeof(float);
         for (int64_t j0 = ith * REPACK_ROWS; j0 < n; j0 += nth * REPACK_ROWS) {
@@ -286,13 +333,23 @@ template <ggml_type T> struct MulRowsRepacked {
                 for (int k = 0; k < 8; ++k) {  // a missing row of the last group repeats the last one
                     rows[k] = (const char *) w->data + row_of(j0 + std::min(8 * g + k, n_valid - 1)) * w->nb[1];
                 }
-                R::repack(rows, n_blocks, packed + g * n_blocks);
+                R::repack(rows, n_blocks, packed + g * n_blocks, offsets + 8 * g, REPACK_ROWS);
             }
             // a partial last chunk goes through a private output, so no column past n is written
             float * s = nc == n_valid ? out + j0 : tail_out;
             const int64_t s_stride = nc == n_valid ? out_stride : nc;
             if (T4 > 0) R::gemm((int) K, s, s_stride, packed, xq, (int) T4, (int) nc);
             for (int64_t t = T4; t < n_tokens; ++t) R::gemv((int) K, s + t * s_stride, s_stride, packed, xq + t * x_row, (int) nc);
+            if constexpr (R::has_offsets) {
+                for (int64_t t = 0; t < n_tokens; ++t) {
+                    float * st = s + t * s_stride;
+                    for (int64_t b = 0; b < n_blocks; ++b) {
+                        const float sum = x_sums[t * n_blocks + b];
+                        const float * ob = offsets + b * REPACK_ROWS;
+                        for (int64_t c = 0; c < nc; ++c) st[c] += sum * ob[c];
+                    }
+                }
+            }
             if (s == tail_out) {
                 for (int64_t t = 0; t < n_tokens; ++t) std::memcpy(out + t * out_stride + j0, s + t * nc, n_valid * sizeof(float));
             }
@@ -465,8 +522,8 @@ size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks) {
             const int64_t K = node->src[1]->ne[0];
             const size_t in_vec_dot_type = ggml_row_size(vdt, K) * node->src[1]->ne[1] + 64;
 #if defined(SI_REPACKED_GEMM)
-            if (has_repacked_gemm(node->src[0], node->src[1])) {  // x as the kernel's type, then a scratch per thread
-                return in_vec_dot_type + (size_t) n_tasks * repack_scratch_bytes(node->src[0]->type, K, node->src[1]->ne[1]);
+            if (has_repacked_gemm(node->src[0], node->src[1])) {
+                return repacked_work_bytes(node->src[0]->type, K, node->src[1]->ne[1], n_tasks);
             }
 #endif
 #if defined(SI_INT_DOTS)

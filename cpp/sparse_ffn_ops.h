@@ -71,8 +71,9 @@ void ggml_si_compute_forward_select(const struct ggml_compute_params * params, s
 #define GGML_SI_FUSED_TYPES(X) X(F32) X(F16) X(BF16) X(Q8_0) X(Q4_0) X(Q4_1) X(Q4_K) X(Q5_K) X(Q6_K)
 GGML_API bool ggml_si_has_fused_loop(enum ggml_type type);
 // The weight types whose several-token ggml_si_mul_rows runs upstream's repacked GEMM on a CPU
-// built with AVX2 (the rows repacked as it goes, in upstream's layout for the type).
-#define GGML_SI_REPACKED_GEMM_TYPES(X) X(Q4_0)
+// built with AVX2 (the rows repacked as it goes, in upstream's Q4_0x8 layout; Q4_1's offsets
+// added after).
+#define GGML_SI_REPACKED_GEMM_TYPES(X) X(Q4_0) X(Q4_1)
 GGML_API bool ggml_si_has_repacked_gemm(enum ggml_type type);
 // The weight types whose one-token ggml_si_mul_rows dots eight rows at a time in integers on a CPU
 // built with AVX2 and F16C (block_loops.h): over every row, Q4_0, Q4_1 and the K-quants faster than

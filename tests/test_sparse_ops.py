@@ -44,9 +44,10 @@ def test_mul_rows(type_name, n_tokens, n_threads):
 @pytest.mark.parametrize("n_threads", [1, 2, 4])
 @pytest.mark.parametrize("with_ids", [True, False])
 def test_mul_rows_tokens_many_rows(type_name, n_tokens, n_threads, with_ids):
-    # a prompt's products (Q4_0 on AVX2: the rows repacked 32 at a time for upstream's GEMM over
-    # four tokens at a time, the last tokens one by one): several chunks of rows and a partial one,
-    # token counts with and without a remainder of four; without ids, every row (n = R)
+    # a prompt's products (Q4_0 and Q4_1 on AVX2: the rows repacked 32 at a time for upstream's
+    # Q4_0 GEMM over four tokens at a time, the last tokens one by one, Q4_1's offsets added after):
+    # several chunks of rows and a partial one, token counts with and without a remainder of four;
+    # without ids, every row (n = R)
     rows, cols = 203, 3 * max(BLOCK[type_name], 64)
     w, w_values = weights(type_name, rows, cols, seed=5)
     rng = np.random.default_rng(6)
