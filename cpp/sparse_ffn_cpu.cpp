@@ -258,7 +258,7 @@ template <> struct Repacked<GGML_TYPE_Q4_1> : Repacked<GGML_TYPE_Q4_0> {
             for (int k = 0; k < 8; ++k) {
                 ggml_half dm[2];
                 std::memcpy(dm, (const block_q4_1 *) rows[k] + b, sizeof dm);
-                offsets[b * stride + k] = 8.0f * ggml_fp16_to_fp32(dm[0]) + ggml_fp16_to_fp32(dm[1]);
+                offsets[b * stride + k] = 8.0f * GGML_CPU_FP16_TO_FP32(dm[0]) + GGML_CPU_FP16_TO_FP32(dm[1]);
             }
         }
     }
@@ -290,6 +290,33 @@ size_t repacked_work_bytes(ggml_type type, int64_t K, int64_t n_tokens, int n_th
     }
 }
 
+typedef float v8f __attribute__((vector_size(32)));
+inline void store_as(float * p, v8f v) { std::memcpy(p, &v, sizeof v); }
+
+// The sum of a block of 32 floats, in vectors.
+inline float block_sum(const float * x) {
+    v8f sum = load_as<v8f>(x) + load_as<v8f>(x + 8) + load_as<v8f>(x + 16) + load_as<v8f>(x + 24);
+    float total = 0.0f;
+    for (int i = 0; i < 8; ++i) total += sum[i];
+    return total;
+}
+
+// out[c] += sum over b of x_sums[b] * offsets[b * REPACK_ROWS + c] for the chunk's nc rows (a
+// multiple of 8), summed in registers.
+inline void add_offsets(const float * x_sums, const float * offsets, int64_t n_blocks, int64_t nc, float * out) {
+    for (int64_t c = 0; c < nc; c += 16) {
+        v8f a0{}, a1{};
+        const bool two = c + 8 < nc;
+        for (int64_t b = 0; b < n_blocks; ++b) {
+            const v8f sum = v8f{} + x_sums[b];
+            a0 += sum * load_as<v8f>(offsets + b * REPACK_ROWS + c);
+            if (two) a1 += sum * load_as<v8f>(offsets + b * REPACK_ROWS + c + 8);
+        }
+        store_as(out + c, load_as<v8f>(out + c) + a0);
+        if (two) store_as(out + c + 8, load_as<v8f>(out + c + 8) + a1);
+    }
+}
+
 template <ggml_type T> struct MulRowsRepacked {
     static void run(const ggml_compute_params * params, ggml_tensor * dst) {
         using R = Repacked<T>;
@@ -310,11 +337,7 @@ template <ggml_type T> struct MulRowsRepacked {
         if constexpr (R::has_offsets) {
             for (int64_t t = ith; t < n_tokens; t += nth) {
                 const float * xt = (const float *) x->data + t * K;
-                for (int64_t b = 0; b < n_blocks; ++b) {
-                    float sum = 0.0f;
-                    for (int64_t i = 0; i < R::values; ++i) sum += xt[b * R::values + i];
-                    x_sums[t * n_blocks + b] = sum;
-                }
+                for (int64_t b = 0; b < n_blocks; ++b) x_sums[t * n_blocks + b] = block_sum(xt + b * R::values);
             }
         }
         ggml_barrier(params->threadpool);
@@ -341,14 +364,7 @@ template <ggml_type T> struct MulRowsRepacked {
             if (T4 > 0) R::gemm((int) K, s, s_stride, packed, xq, (int) T4, (int) nc);
             for (int64_t t = T4; t < n_tokens; ++t) R::gemv((int) K, s + t * s_stride, s_stride, packed, xq + t * x_row, (int) nc);
             if constexpr (R::has_offsets) {
-                for (int64_t t = 0; t < n_tokens; ++t) {
-                    float * st = s + t * s_stride;
-                    for (int64_t b = 0; b < n_blocks; ++b) {
-                        const float sum = x_sums[t * n_blocks + b];
-                        const float * ob = offsets + b * REPACK_ROWS;
-                        for (int64_t c = 0; c < nc; ++c) st[c] += sum * ob[c];
-                    }
-                }
+                for (int64_t t = 0; t < n_tokens; ++t) add_offsets(x_sums + t * n_blocks, offsets, n_blocks, nc, s + t * s_stride);
             }
             if (s == tail_out) {
                 for (int64_t t = 0; t < n_tokens; ++t) std::memcpy(out + t * out_stride + j0, s + t * nc, n_valid * sizeof(float));
