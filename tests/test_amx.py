@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import tool
 
@@ -86,3 +87,27 @@ def test_the_default_model_runs_on_amx(default_model):
     assert "Paris" in r.stdout
     with Model(default_model, n_ctx=256, repack=True) as m:
         assert m.weight_buffers().get("AMX", 0) > 0, m.weight_buffers()
+
+
+@pytest.mark.skipif(not cpu_has_amx(), reason="this CPU has no AMX (the AMX kernels never run here)")
+def test_a_selectinfer_prompt_between_amx_kernels_matches_the_same_without_amx(default_model, tmp_path):
+    """A SelectInfer prompt's gathered down projection runs on the tile unit (bf16) on the threads
+    that run ggml's AMX matmuls, which configure their tiles once per thread: the sparse kernel
+    restores their configuration, so the prompt's logits match those of the same file with no
+    weights in the AMX buffer within what ggml's AMX and plain kernels differ by (5% of the mean
+    logit, the original model's too); a wrong tile shape in those matmuls gives other logits."""
+    from selectinfer.convert import convert
+
+    si = tmp_path / "si.gguf"
+    convert(default_model, si, ranking="random", seed=3, load_ratio=0.7, static_ratio=0.3, progress=False)
+    text = "The quick brown fox jumps over the lazy dog, and then it runs into the forest to hide. " * 2
+    logits = {}
+    for repack in (True, False):
+        with Model(si, n_ctx=256, repack=repack) as m:
+            assert (m.weight_buffers().get("AMX", 0) > 0) == repack, m.weight_buffers()
+            tokens = m.tokenize(text)
+            logits[repack] = m.logits(tokens)
+            logits[repack] = np.concatenate([logits[repack], m.logits(tokens)])  # a second prompt after the first
+    amx, plain = logits[True], logits[False]
+    assert np.abs(amx - plain).mean() <= 0.1 * np.abs(plain).mean()  # ggml's AMX and plain kernels: 0.05
+    assert (amx.argmax(axis=1) == plain.argmax(axis=1)).mean() >= 0.9
