@@ -587,7 +587,11 @@ struct Bf16Layout {
     size_t total(int n_threads) const { return 64 + h_bytes + n_threads * per_thread(); }
 };
 
-bool use_amx_bf16(const ggml_tensor * hs) { return hs->ne[1] > 1 && amx_tiles_permitted(); }
+// Quantized and BF16 weights (whose upstream matmuls round the activations to 8 bits, or to bf16);
+// F32 and F16 keep the F32 GEMM, as exact as upstream's products over them.
+bool use_amx_bf16(const ggml_tensor * w, const ggml_tensor * hs) {
+    return hs->ne[1] > 1 && (ggml_is_quantized(w->type) || w->type == GGML_TYPE_BF16) && amx_tiles_permitted();
+}
 
 // rows (< PANEL_ROWS: the rest zero) x panel_width F32 -> per k step of 32 rows and per 16
 // columns one B tile: row r holds, column by column, the bf16 pair (row 2r, row 2r + 1).
@@ -723,7 +727,7 @@ size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks) {
             // several: a converted weight panel per thread (with AMX: the bf16 layout's buffers)
             const int64_t E = node->src[0]->ne[0];
 #if defined(SI_AMX_BF16)
-            if (use_amx_bf16(node->src[1])) {
+            if (use_amx_bf16(node->src[0], node->src[1])) {
                 const Bf16Layout lay(node->src[0], node->src[1]);
                 return lay.total(n_tasks);
             }
@@ -816,7 +820,7 @@ void ggml_si_compute_forward_mul_rows_t(const struct ggml_compute_params * param
         return;
     }
 #if defined(SI_AMX_BF16)
-    if (use_amx_bf16(dst->src[1])) {
+    if (use_amx_bf16(dst->src[0], dst->src[1])) {
         mul_rows_t_tokens_amx(params, dst);
         return;
     }
