@@ -283,21 +283,26 @@ inline void block_values(const char * row, int64_t b, f32v * out) {
 // unsigned integers u are multiplied by them with vpmaddubsw, two rows per instruction, summed in
 // 16 bits, converted once per block: y += S * sum_k W_k (u_k - c) + offsets, c the middle of u's
 // range (the zero point of Q4_0 and Q6_K; for Q4_1 and the other K-quants, c * sum_k w_k joins
-// their minimums in exact float offsets). Each term's error is at most S/2 * |u - c|: the
+// their minimums in exact float offsets). Q8_0's signed values go in as |q| with the factor
+// taking q's sign (vpsignb), c = 0. Each term's error is at most S/2 * |u - c|: the
 // precision of upstream's dot products, whose activation is quantized to 8 bits per 32 values.
 // Non-finite or tiny factors take the float loop.
 #if defined(__AVX2__)
 #define SI_INT_ROWS 1
-template <ggml_type T> constexpr bool has_int_rows =
-    T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1 || T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K || T == GGML_TYPE_Q6_K;
-// pairs of rows summed in 16 bits before a widening: 2 * 127 * max u per pair, under 2^15
-template <ggml_type T> constexpr int int_pairs_per_flush = T == GGML_TYPE_Q6_K ? 2 : T == GGML_TYPE_Q5_K ? 4 : 8;
+template <ggml_type T> constexpr bool has_int_rows = T == GGML_TYPE_Q8_0 || T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1 ||
+                                                    T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K || T == GGML_TYPE_Q6_K;
+// pairs of rows summed in 16 bits before a widening: 2 * 127 * max |u - c| per pair, under 2^15
+// (Q8_0: 2 * 127 * 128, one pair)
+template <ggml_type T> constexpr int int_pairs_per_flush = T == GGML_TYPE_Q8_0 ? 1 : T == GGML_TYPE_Q6_K ? 2
+                                                         : T == GGML_TYPE_Q5_K ? 4 : 8;
 
 // The 32 unsigned integers of block j of a row, values 0..15 then 16..31 (one 256-bit vector).
 template <ggml_type T>
 inline __m256i int_block_u(const uint8_t * base, int j) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
-    if constexpr (T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1) {  // base: the block's 16 packed bytes
+    if constexpr (T == GGML_TYPE_Q8_0) {  // base: the block's 32 int8 values (signed, unlike the others)
+        return _mm256_loadu_si256((const __m256i *) base);
+    } else if constexpr (T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1) {  // base: the block's 16 packed bytes
         const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) base));
         return _mm256_and_si256(_mm256_srlv_epi64(x, _mm256_set_epi64x(4, 4, 0, 0)), low4);
     } else if constexpr (T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K) {  // base: the super-block
@@ -412,8 +417,14 @@ inline void add_int_block(U && u, int nr, int lo, int hi, const IntFactors & f, 
         const int32_t * pair = f.pair[k / 2];
         const __m256i factors = lo == hi ? _mm256_set1_epi16((int16_t) pair[lo])  // one broadcast
                                          : _mm256_set_m128i(_mm_set1_epi16((int16_t) pair[hi]), _mm_set1_epi16((int16_t) pair[lo]));
-        lo16 = _mm256_add_epi16(lo16, _mm256_maddubs_epi16(_mm256_unpacklo_epi8(a, b), factors));
-        hi16 = _mm256_add_epi16(hi16, _mm256_maddubs_epi16(_mm256_unpackhi_epi8(a, b), factors));
+        const __m256i ab_lo = _mm256_unpacklo_epi8(a, b), ab_hi = _mm256_unpackhi_epi8(a, b);
+        if constexpr (T == GGML_TYPE_Q8_0) {  // |q| (-128 reads as 128 unsigned) times W with q's sign
+            lo16 = _mm256_add_epi16(lo16, _mm256_maddubs_epi16(_mm256_abs_epi8(ab_lo), _mm256_sign_epi8(factors, ab_lo)));
+            hi16 = _mm256_add_epi16(hi16, _mm256_maddubs_epi16(_mm256_abs_epi8(ab_hi), _mm256_sign_epi8(factors, ab_hi)));
+        } else {
+            lo16 = _mm256_add_epi16(lo16, _mm256_maddubs_epi16(ab_lo, factors));
+            hi16 = _mm256_add_epi16(hi16, _mm256_maddubs_epi16(ab_hi, factors));
+        }
         if ((k / 2 + 1) % int_pairs_per_flush<T> == 0) flush();
     }
     flush();
@@ -724,7 +735,7 @@ template <ggml_type T> struct AddRows {
     }
 
 #if defined(SI_INT_ROWS)
-    // Q4_0, Q4_1: blocks [b0, b0 + nb) (nb <= 8) of every row in integers, a piece per block;
+    // Q8_0, Q4_0, Q4_1: blocks [b0, b0 + nb) (nb <= 8) of every row in integers, a piece per block;
     // false (nothing added) where the float loop must run.
     static bool add_blocks_int(const char * const * rows, const float * v, int nr, int64_t b0, int nb, float * y) {
         constexpr bool with_min = T == GGML_TYPE_Q4_1;
@@ -739,14 +750,15 @@ template <ggml_type T> struct AddRows {
         }
         IntFactors f;
         if (!quantize_factors(w, nr, f)) return false;
-        // Q4_0: d * (u - 8), 8 its zero point; Q4_1: d * u + m, u - 8 in integers, 8 * d * v exact
+        // Q8_0: d * q; Q4_0: d * (u - 8), 8 its zero point; Q4_1: d * u + m, u - 8 in integers, 8 * d * v exact
+        constexpr int center = T == GGML_TYPE_Q8_0 ? 0 : 8;
         if constexpr (with_min) {
             for (int i = 0; i < nb; ++i) offset[i] += 8.0f * f.sum_f[i];
         }
         for (int i = 0; i < nb; ++i) {
             auto u = [&](int k) { return int_block_u<T>((const uint8_t *) rows[k] + bytes * (b0 + i) + (with_min ? 4 : 2), 0); };
             const float offsets[2] = {offset[i], offset[i]};
-            add_int_block<T>(u, nr, i, i, f, 8, offsets, y + 32 * i);
+            add_int_block<T>(u, nr, i, i, f, center, offsets, y + 32 * i);
         }
         return true;
     }

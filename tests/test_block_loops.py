@@ -86,7 +86,7 @@ def test_every_level_this_cpu_runs_is_checked(builds):
 
 
 # quantized types whose rows x86 builds with AVX2 add in integers (block_loops.h, SI_INT_ROWS)
-INT_TYPES = {"Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}
+INT_TYPES = {"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}
 INT_LEVELS = {"avx2", "avx512", "avxvnni", "avx512vnni"}
 # and dots, x quantized to int8 (block_loops.h, SI_INT_DOTS)
 INT_DOT_TYPES = {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
@@ -176,6 +176,24 @@ def test_q8_0_rows_of_extreme_bytes_dotted(builds):
     for level, program in builds.items():
         run = run_level(program, "Q8_0", blocks.tobytes(), n_rows, n_cols, np.zeros(n_rows), x)
         assert np.abs(run.int_dots - expected).max() <= 2e-2 * np.abs(expected).max(), level
+
+
+def test_q8_0_rows_of_extreme_bytes_added(builds):
+    # the integer loop adds |q| times a factor with q's sign: bytes of -128 and 127 under factors
+    # of +-127 (every row's v of one magnitude) reach 2 * 128 * 127 per pair of rows in 16 bits
+    from gguf.quants import dequantize
+    rng = np.random.default_rng(11)
+    n_rows, n_cols = 16, 96
+    raw, _ = stored_rows("Q8_0", rng.standard_normal((n_rows, n_cols)).astype(np.float32))
+    blocks = raw.reshape(n_rows, n_cols // 32, 34).copy()
+    blocks[:, :, 2:] = np.where(rng.random((n_rows, n_cols // 32, 32)) < 0.5, 0x80, 0x7F)
+    blocks[:, :, :2] = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)  # one step: factors at +-127
+    stored = dequantize(blocks.reshape(n_rows, -1), T.Q8_0)
+    v = np.where(rng.random(n_rows) < 0.5, -1.0, 1.0)
+    expected = v @ stored
+    for level, program in builds.items():
+        run = run_level(program, "Q8_0", blocks.tobytes(), n_rows, n_cols, v, np.zeros(n_cols))
+        assert np.abs(run.added - expected).max() <= 1e-2 * np.abs(expected).max() + 1e-6, level
 
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])

@@ -14,7 +14,7 @@ BLOCK = {t: 1 if t in ("F32", "F16", "BF16") else 256 if t.endswith("_K") else 3
 # relative error bound of each op's result for a weight type; the activations of mul_rows are
 # converted to the type's vec_dot type (Q8 for quantized weights, F16/BF16 for half types)
 BOUND = {t: 1e-5 if t == "F32" else 5e-3 if t == "F16" else 2e-2 for t in TYPES}
-INT_ROW_TYPES = {"Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}  # mul_rows_t's integer loops (one token, AVX2)
+INT_ROW_TYPES = {"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}  # mul_rows_t's integer loops (one token, AVX2)
 INT_ROWS_BUILT = "AVX2 = 1" in _native.system_info()  # ggml-cpu's compile flags, which the loops share
 # a prompt's mul_rows_t over quantized or BF16 rows on AMX tiles in bf16 (ggml-cpu built for a CPU
 # with AMX, as ggml's own AMX code)
