@@ -296,7 +296,8 @@ template <ggml_type T> constexpr bool has_int_rows = T == GGML_TYPE_Q8_0 || T ==
 template <ggml_type T> constexpr int int_pairs_per_flush = T == GGML_TYPE_Q8_0 ? 1 : T == GGML_TYPE_Q6_K ? 2
                                                          : T == GGML_TYPE_Q5_K ? 4 : 8;
 
-// The 32 unsigned integers of block j of a row, values 0..15 then 16..31 (one 256-bit vector).
+// The 32 integers of block j of a row, values 0..15 then 16..31 (one 256-bit vector): unsigned
+// but Q8_0's.
 template <ggml_type T>
 inline __m256i int_block_u(const uint8_t * base, int j) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);

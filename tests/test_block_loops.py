@@ -162,15 +162,23 @@ def test_rows_dotted_with_a_non_finite_input(builds, type_name, bad):
         assert not np.isfinite(run.int_dots).any(), level
 
 
-def test_q8_0_rows_of_extreme_bytes_dotted(builds):
-    # -128 is a valid Q8_0 byte that ggml's quantizer never writes: |w| * x pairs reach 2 * 128 * 127
+def extreme_q8_0_rows(rng, n_rows, n_cols, step=None):
+    """(raw blocks, their values): Q8_0 rows of bytes -128 and 127 only (-128 is valid, though
+    ggml's quantizer never writes it); every block's step `step` where given, else the quantizer's."""
     from gguf.quants import dequantize
-    rng = np.random.default_rng(10)
-    n_rows, n_cols = 9, 96
     raw, _ = stored_rows("Q8_0", rng.standard_normal((n_rows, n_cols)).astype(np.float32))
     blocks = raw.reshape(n_rows, n_cols // 32, 34).copy()
     blocks[:, :, 2:] = np.where(rng.random((n_rows, n_cols // 32, 32)) < 0.5, 0x80, 0x7F)
-    stored = dequantize(blocks.reshape(n_rows, -1), T.Q8_0)
+    if step is not None:
+        blocks[:, :, :2] = np.frombuffer(np.float16(step).tobytes(), dtype=np.uint8)
+    return blocks, dequantize(blocks.reshape(n_rows, -1), T.Q8_0)
+
+
+def test_q8_0_rows_of_extreme_bytes_dotted(builds):
+    # |w| * x pairs reach 2 * 128 * 127
+    rng = np.random.default_rng(10)
+    n_rows, n_cols = 9, 96
+    blocks, stored = extreme_q8_0_rows(rng, n_rows, n_cols)
     x = np.where(rng.random(n_cols) < 0.5, -1.0, 1.0) * rng.uniform(0.9, 1.0, n_cols)
     expected = stored @ x
     for level, program in builds.items():
@@ -181,14 +189,9 @@ def test_q8_0_rows_of_extreme_bytes_dotted(builds):
 def test_q8_0_rows_of_extreme_bytes_added(builds):
     # the integer loop adds |q| times a factor with q's sign: bytes of -128 and 127 under factors
     # of +-127 (every row's v of one magnitude) reach 2 * 128 * 127 per pair of rows in 16 bits
-    from gguf.quants import dequantize
     rng = np.random.default_rng(11)
     n_rows, n_cols = 16, 96
-    raw, _ = stored_rows("Q8_0", rng.standard_normal((n_rows, n_cols)).astype(np.float32))
-    blocks = raw.reshape(n_rows, n_cols // 32, 34).copy()
-    blocks[:, :, 2:] = np.where(rng.random((n_rows, n_cols // 32, 32)) < 0.5, 0x80, 0x7F)
-    blocks[:, :, :2] = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)  # one step: factors at +-127
-    stored = dequantize(blocks.reshape(n_rows, -1), T.Q8_0)
+    blocks, stored = extreme_q8_0_rows(rng, n_rows, n_cols, step=0.01)  # one step: factors at +-127
     v = np.where(rng.random(n_rows) < 0.5, -1.0, 1.0)
     expected = v @ stored
     for level, program in builds.items():
