@@ -4,9 +4,12 @@
 //               time in integers (x quantized once to int8); otherwise ggml's own vec_dot for
 //               the weight type, row by row (x converted once to the type's vec_dot_type), like
 //               upstream's mul_mat.
+//               several tokens: quantized and BF16 rows on AMX bf16 tiles where the CPU has
+//               them; else Q4_0 and Q4_1 on x86 with AVX2 through upstream's repacked GEMM.
 //   mul_rows_t  one token: adds rows sixteen at a time with per-type loops that convert in
 //               registers (block_loops.h), other types row by row;
-//               several tokens: a blocked GEMM over F32 panels of the weight.
+//               several tokens: a blocked GEMM over F32 panels of the weight (quantized and
+//               BF16 rows on AMX bf16 tiles where the CPU has them).
 //   count       a prompt batch's votes: threads rank tokens in turn (a radix select per token,
 //               selection_rule.h), then merge the counts by rows.
 //   select      the most counted neurons (one thread, the same radix select).
@@ -588,10 +591,9 @@ struct Bf16Layout {
     size_t total(int n_threads) const { return 64 + h_bytes + n_threads * per_thread(); }
 };
 
-// Quantized and BF16 weights (whose upstream matmuls round the activations to 8 bits, or to bf16);
-// F32 and F16 keep the F32 GEMM, as exact as upstream's products over them.
+// Several tokens over the weight types of ggml_si_has_bf16_tiles (F32 and F16 keep the F32 GEMM).
 bool use_amx_bf16(const ggml_tensor * w, const ggml_tensor * hs) {
-    return hs->ne[1] > 1 && (ggml_is_quantized(w->type) || w->type == GGML_TYPE_BF16) && amx_tiles_permitted();
+    return hs->ne[1] > 1 && ggml_si_has_bf16_tiles(w->type) && amx_tiles_permitted();
 }
 
 // rows (< PANEL_ROWS: the rest zero) x panel_width F32 -> per k step of 32 rows and per 16
@@ -684,6 +686,161 @@ void mul_rows_t_tokens_amx(const ggml_compute_params * params, ggml_tensor * dst
         }
     }
 }
+
+// --- several tokens on a CPU with AMX: gate and up (ggml_si_mul_rows) on bf16 tiles ----------
+// The original's prompt runs its gate and up on ggml's AMX kernels; the gathered rows went
+// through ggml's plain-buffer mul_mat (Q8_0, the K-quants) or our repacked Q4_0 GEMM. Here a
+// thread dequantizes 32 rows at a time to bf16 (the A tiles, 16 rows x 32 values, read as they
+// are), the activations are rounded to bf16 once per op and laid out as B tiles (16 pairs of
+// values x 16 tokens), and the tile unit accumulates each 16 rows x 16 tokens in F32 over the
+// whole row. The result tile is [row][token]; it is transposed in registers on its way out.
+constexpr int64_t ROWS_PER_CHUNK = 2 * TILE;  // the A tiles of one step
+
+// n floats (a multiple of 32) to bf16, rounding to nearest even as ggml's conversion does
+void floats_to_bf16(const float * x, ggml_bf16_t * y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 32) {
+        const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
+        _mm512_storeu_si512(y + i, (__m512i) both);
+    }
+}
+
+// The op's work buffer: the activations as B tiles, [token tile][k step] of 16 pairs x 16 tokens
+// (the tokens padded with zeros to pairs of tiles), then per thread 32 rows in bf16, one row in
+// F32 and the four result tiles.
+struct Bf16RowsLayout {
+    int64_t K, t_pad, n_k;
+    size_t x_bytes, rows_bytes, row_f32_bytes, c_bytes;
+    Bf16RowsLayout(const ggml_tensor * x) {
+        K = x->ne[0];
+        t_pad = round_up(x->ne[1], 2 * TILE);
+        n_k = K / PAIR_ROWS;
+        x_bytes = (size_t) t_pad * K * 2;
+        rows_bytes = (size_t) ROWS_PER_CHUNK * K * 2;
+        row_f32_bytes = round_up(K * sizeof(float), 64);
+        c_bytes = 4 * TILE * TILE * sizeof(float);
+    }
+    size_t per_thread() const { return rows_bytes + row_f32_bytes + c_bytes; }
+    size_t total(int n_threads) const { return 64 + x_bytes + n_threads * per_thread(); }
+    const ggml_bf16_t * x_tile(const ggml_bf16_t * xb, int64_t token_tile, int64_t k) const {
+        return xb + (token_tile * n_k + k) * TILE * PAIR_ROWS;
+    }
+};
+
+bool use_amx_bf16_rows(const ggml_tensor * w, const ggml_tensor * x) {
+    return x->ne[1] > 1 && x->ne[0] % PAIR_ROWS == 0 && ggml_si_has_bf16_tiles(w->type) && amx_tiles_permitted();
+}
+
+// Token t's activations into the B tiles: the 16 pairs of each k step go to column t % 16 of
+// its tile's 16 rows. Tokens past T (the padding) are zeros.
+void token_to_tiles(const float * x_t, int64_t t, const Bf16RowsLayout & lay, ggml_bf16_t * xb) {
+    const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(TILE));  // in 4-byte pairs
+    for (int64_t k = 0; k < lay.n_k; ++k) {
+        const __m512i pairs = x_t ? (__m512i) _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x_t + k * PAIR_ROWS + 16),
+                                                                  _mm512_loadu_ps(x_t + k * PAIR_ROWS))
+                                  : _mm512_setzero_si512();
+        auto * tile = (int32_t *) lay.x_tile(xb, t / TILE, k) + t % TILE;
+        _mm512_i32scatter_epi32(tile, rows, pairs, 4);
+    }
+}
+
+// in: 16 rows of 16 floats; out: its transpose (in registers: two rounds of unpacks within
+// 128-bit lanes, two of lane shuffles)
+void transpose_16x16(const float * in, float * out) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(in + i * 16);
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {  // r[i + m], lane L: column 4L + m of rows i..i+3
+        r[i] = (__m512) _mm512_unpacklo_pd((__m512d) t[i], (__m512d) t[i + 2]);
+        r[i + 1] = (__m512) _mm512_unpackhi_pd((__m512d) t[i], (__m512d) t[i + 2]);
+        r[i + 2] = (__m512) _mm512_unpacklo_pd((__m512d) t[i + 1], (__m512d) t[i + 3]);
+        r[i + 3] = (__m512) _mm512_unpackhi_pd((__m512d) t[i + 1], (__m512d) t[i + 3]);
+    }
+    for (int m = 0; m < 4; ++m) {
+        t[m] = _mm512_shuffle_f32x4(r[m], r[4 + m], 0x88);
+        t[4 + m] = _mm512_shuffle_f32x4(r[m], r[4 + m], 0xdd);
+        t[8 + m] = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0x88);
+        t[12 + m] = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0xdd);
+    }
+    for (int m = 0; m < 4; ++m) {
+        _mm512_storeu_ps(out + m * 16, _mm512_shuffle_f32x4(t[m], t[8 + m], 0x88));
+        _mm512_storeu_ps(out + (4 + m) * 16, _mm512_shuffle_f32x4(t[4 + m], t[12 + m], 0x88));
+        _mm512_storeu_ps(out + (8 + m) * 16, _mm512_shuffle_f32x4(t[m], t[8 + m], 0xdd));
+        _mm512_storeu_ps(out + (12 + m) * 16, _mm512_shuffle_f32x4(t[4 + m], t[12 + m], 0xdd));
+    }
+}
+
+void mul_rows_tokens_amx(const ggml_compute_params * params, ggml_tensor * dst) {
+    const ggml_tensor * w = dst->src[0];
+    const ggml_tensor * x = dst->src[1];
+    const RowIds row_of(dst);
+    const int64_t T = x->ne[1], n = dst->ne[0];
+    const Bf16RowsLayout lay(x);
+    const int64_t K = lay.K;
+    const int ith = params->ith, nth = params->nth;
+    char * base = (char *) (((uintptr_t) params->wdata + 63) & ~(uintptr_t) 63);
+    auto * xb = (ggml_bf16_t *) base;
+    for (int64_t t0 = ith * TILE; t0 < lay.t_pad; t0 += nth * TILE) {  // a tile's tokens: its cache lines
+        for (int64_t t = t0; t < t0 + TILE; ++t) {
+            token_to_tiles(t < T ? (const float *) ((const char *) x->data + t * x->nb[1]) : nullptr, t, lay, xb);
+        }
+    }
+    ggml_barrier(params->threadpool);
+
+    char * mine = base + lay.x_bytes + ith * lay.per_thread();
+    auto * rows = (ggml_bf16_t *) mine;
+    auto * row_f32 = (float *) (mine + lay.rows_bytes);
+    auto * c = (float *) (mine + lay.rows_bytes + lay.row_f32_bytes);  // the four result tiles
+    float transposed[TILE * TILE];                                       // one of them, [token][row]
+    const size_t a_stride = K * 2, b_stride = 2 * TILE * 2, c_stride = TILE * sizeof(float);
+    if (ith * ROWS_PER_CHUNK >= n) return;
+    TileScope scope;
+    for (int64_t j0 = ith * ROWS_PER_CHUNK; j0 < n; j0 += nth * ROWS_PER_CHUNK) {
+        const int64_t n_rows = std::min(ROWS_PER_CHUNK, n - j0);
+        for (int64_t r = 0; r < n_rows; ++r) {
+            if (w->type == GGML_TYPE_BF16) {
+                std::memcpy(rows + r * K, (const char *) w->data + row_of(j0 + r) * w->nb[1], K * 2);
+            } else {
+                rows_to_float(w, row_of, j0 + r, 1, 0, K, row_f32, K);
+                floats_to_bf16(row_f32, rows + r * K, K);
+            }
+        }
+        if (n_rows < ROWS_PER_CHUNK) std::memset(rows + n_rows * K, 0, (ROWS_PER_CHUNK - n_rows) * K * 2);
+        for (int64_t tt = 0; tt < lay.t_pad / TILE; tt += 2) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t k = 0; k < lay.n_k; ++k) {
+                _tile_loadd(4, rows + k * PAIR_ROWS, a_stride);
+                _tile_loadd(5, rows + TILE * K + k * PAIR_ROWS, a_stride);
+                _tile_loadd(6, lay.x_tile(xb, tt, k), b_stride);
+                _tile_loadd(7, lay.x_tile(xb, tt + 1, k), b_stride);
+                _tile_dpbf16ps(0, 4, 6);  // rows 0..15 x the first 16 tokens
+                _tile_dpbf16ps(1, 4, 7);  // rows 0..15 x the next 16
+                _tile_dpbf16ps(2, 5, 6);  // rows 16..31 x the first 16
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, c, c_stride);
+            _tile_stored(1, c + TILE * TILE, c_stride);
+            _tile_stored(2, c + 2 * TILE * TILE, c_stride);
+            _tile_stored(3, c + 3 * TILE * TILE, c_stride);
+            for (int i = 0; i < 4; ++i) {  // tile i: rows 16 (i / 2) on, tokens 16 (tt + i % 2) on
+                const int64_t r0 = TILE * (i / 2), t0 = TILE * (tt + i % 2);
+                if (r0 >= n_rows || t0 >= T) continue;
+                transpose_16x16(c + i * TILE * TILE, transposed);
+                const int64_t nr = std::min(TILE, n_rows - r0);
+                for (int64_t t = t0; t < std::min(T, t0 + TILE); ++t) {
+                    std::memcpy((float *) ((char *) dst->data + t * dst->nb[1]) + j0 + r0, transposed + (t - t0) * TILE,
+                                nr * sizeof(float));
+                }
+            }
+        }
+    }
+}
 #endif
 
 // One thread's scratch of the counting op: three arrays of n_load.
@@ -712,6 +869,9 @@ size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks) {
             const ggml_type vdt = ggml_get_type_traits_cpu(node->src[0]->type)->vec_dot_type;
             const int64_t K = node->src[1]->ne[0];
             const size_t in_vec_dot_type = ggml_row_size(vdt, K) * node->src[1]->ne[1] + 64;
+#if defined(SI_AMX_BF16)
+            if (use_amx_bf16_rows(node->src[0], node->src[1])) return Bf16RowsLayout(node->src[1]).total(n_tasks);
+#endif
 #if defined(SI_REPACKED_GEMM)
             if (has_repacked_gemm(node->src[0], node->src[1])) {
                 return repacked_work_bytes(node->src[0]->type, K, node->src[1]->ne[1], n_tasks);
@@ -764,6 +924,12 @@ void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params,
         mul_rows_one_token(params, dst);
         return;
     }
+#if defined(SI_AMX_BF16)
+    if (use_amx_bf16_rows(w, x)) {
+        mul_rows_tokens_amx(params, dst);
+        return;
+    }
+#endif
 #if defined(SI_REPACKED_GEMM)
     if (has_repacked_gemm(w, x)) {
         switch (w->type) {

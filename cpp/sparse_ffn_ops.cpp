@@ -99,6 +99,8 @@ bool ggml_si_has_fused_loop(enum ggml_type type) { GGML_SI_LIST_HAS(GGML_SI_FUSE
 bool ggml_si_has_repacked_gemm(enum ggml_type type) { GGML_SI_LIST_HAS(GGML_SI_REPACKED_GEMM_TYPES, type) }
 bool ggml_si_has_int_dots(enum ggml_type type) { GGML_SI_LIST_HAS(GGML_SI_INT_DOT_TYPES, type) }
 
+bool ggml_si_has_bf16_tiles(enum ggml_type type) { return ggml_is_quantized(type) || type == GGML_TYPE_BF16; }
+
 #undef GGML_SI_LIST_HAS
 #undef GGML_SI_CASE
 

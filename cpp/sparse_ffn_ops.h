@@ -80,6 +80,11 @@ GGML_API bool ggml_si_has_repacked_gemm(enum ggml_type type);
 // upstream's plain-buffer mul_mat, Q8_0 as fast.
 #define GGML_SI_INT_DOT_TYPES(X) X(Q8_0) X(Q4_0) X(Q4_1) X(Q4_K) X(Q5_K) X(Q6_K)
 GGML_API bool ggml_si_has_int_dots(enum ggml_type type);
+// The weight types whose prompt row ops (several tokens) run on AMX bf16 tiles on a CPU built
+// with AMX and AVX512-BF16: quantized and BF16 weights, whose upstream matmuls round the
+// activations to 8 bits or to bf16 (F32 and F16 keep exact F32 products). ggml_si_mul_rows takes
+// them for rows of whole 32-value steps, faster than upstream's plain-buffer mul_mat.
+GGML_API bool ggml_si_has_bf16_tiles(enum ggml_type type);
 // Work-buffer bytes an op needs with n_tasks threads (ggml_graph_plan).
 size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks);
 

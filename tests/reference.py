@@ -154,6 +154,14 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """x rounded to bfloat16 (8-bit mantissa), nearest even, as ggml's conversion and the AVX512-BF16
+    instructions round finite values; float64 out."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
 def rope(x: np.ndarray, positions: np.ndarray, base: float, neox: bool) -> np.ndarray:
     """x: (tokens, heads, head_dim). Rotates pairs (2i, 2i+1), or (i, i + d/2) in NeoX mode."""
     d = x.shape[-1]

@@ -91,9 +91,9 @@ def test_the_default_model_runs_on_amx(default_model):
 
 @pytest.mark.skipif(not cpu_has_amx(), reason="this CPU has no AMX (the AMX kernels never run here)")
 def test_a_selectinfer_prompt_between_amx_kernels_matches_the_same_without_amx(default_model, tmp_path):
-    """A SelectInfer prompt's gathered down projection runs on the tile unit (bf16) on the threads
-    that run ggml's AMX matmuls, which configure their tiles once per thread: the sparse kernel
-    restores their configuration, so the prompt's logits match those of the same file with no
+    """A SelectInfer prompt's gathered gate, up and down projection run on the tile unit (bf16) on
+    the threads that run ggml's AMX matmuls, which configure their tiles once per thread: the sparse
+    kernels restore their configuration, so the prompt's logits match those of the same file with no
     weights in the AMX buffer within what ggml's AMX and plain kernels differ by (5% of the mean
     logit, the original model's too); a wrong tile shape in those matmuls gives other logits."""
     from selectinfer.convert import convert
