@@ -843,6 +843,117 @@ void mul_rows_tokens_amx(const ggml_compute_params * params, ggml_tensor * dst) 
 }
 #endif
 
+#if defined(__AVX512F__)
+#define SI_PARTITION_SELECT 1
+// --- a token's top k on AVX-512: the k-th largest key by partitions in vectors ------------------
+// The radix select reads every key into a histogram, one scalar increment each, in four passes.
+// Here a pass compares sixteen keys at a time with two pivots taken from a sorted sample of the
+// candidates around the k-th's expected rank, and keeps, compressed, the keys between them (or
+// above, or below, when the k-th is there): two passes of ~1/16 of the keys each, then a sort of
+// the few left. Same rule and result as si_rule::kth_largest (selection_rule.h), which takes over
+// when a pass keeps every candidate (many equal keys).
+constexpr int64_t SAMPLE = 32;  // also the candidates that are sorted instead
+
+inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? (__mmask16) 0xffff : (__mmask16) ((1u << left) - 1); }
+
+// How many of keys[0..m) are above hi, and at or above lo.
+void count_above(const uint32_t * keys, int64_t m, uint32_t hi, uint32_t lo, int64_t & above_hi, int64_t & from_lo) {
+    const __m512i h = _mm512_set1_epi32((int) hi), l = _mm512_set1_epi32((int) lo);
+    above_hi = from_lo = 0;
+    for (int64_t i = 0; i < m; i += 16) {
+        const __mmask16 live = tail_mask(m - i);
+        const __m512i v = _mm512_maskz_loadu_epi32(live, keys + i);
+        above_hi += __builtin_popcount(_mm512_mask_cmpgt_epu32_mask(live, v, h));
+        from_lo += __builtin_popcount(_mm512_mask_cmpge_epu32_mask(live, v, l));
+    }
+}
+
+// The keys of keys[0..m) in [lo, hi], in order, into out (which may be keys: it writes behind
+// what it has read); returns how many.
+int64_t keep_between(const uint32_t * keys, int64_t m, uint32_t lo, uint32_t hi, uint32_t * out) {
+    const __m512i h = _mm512_set1_epi32((int) hi), l = _mm512_set1_epi32((int) lo);
+    int64_t n_out = 0;
+    for (int64_t i = 0; i < m; i += 16) {
+        const __mmask16 live = tail_mask(m - i);
+        const __m512i v = _mm512_maskz_loadu_epi32(live, keys + i);
+        const __mmask16 in = _mm512_mask_cmple_epu32_mask(_mm512_mask_cmpge_epu32_mask(live, v, l), v, h);
+        _mm512_mask_compressstoreu_epi32(out + n_out, in, v);
+        n_out += __builtin_popcount(in);
+    }
+    return n_out;
+}
+
+// The order bits of the k-th largest of keys[0..n) (1 <= k <= n) and how many keys equal to it
+// are taken (the lowest rows), as si_rule::kth_largest; cand: room for n.
+uint32_t kth_largest_partition(const uint32_t * keys, int64_t n, int64_t k, int64_t & ties, uint32_t * cand) {
+    const uint32_t * src = keys;
+    int64_t m = n, wanted = k;  // candidates, and the rank among them sought (1 = the largest)
+    while (m > SAMPLE) {
+        uint32_t sample[SAMPLE];
+        for (int64_t j = 0; j < SAMPLE; ++j) sample[j] = src[j * m / SAMPLE];
+        std::sort(sample, sample + SAMPLE, std::greater<uint32_t>());
+        const int64_t r = (wanted - 1) * SAMPLE / m;  // the k-th's rank in the sample, expected
+        const uint32_t hi = sample[std::max<int64_t>(r - 1, 0)], lo = sample[std::min<int64_t>(r + 1, SAMPLE - 1)];
+        int64_t above_hi, from_lo;
+        count_above(src, m, hi, lo, above_hi, from_lo);
+        int64_t kept;
+        if (above_hi >= wanted) {  // above hi
+            kept = keep_between(src, m, hi + 1, UINT32_MAX, cand);
+        } else if (from_lo < wanted) {  // below lo
+            wanted -= from_lo;
+            kept = keep_between(src, m, 0, lo - 1, cand);
+        } else {  // in [lo, hi]
+            wanted -= above_hi;
+            kept = keep_between(src, m, lo, hi, cand);
+        }
+        if (kept == m) {  // nothing left out (equal keys): the radix select, narrowing in place
+            return si_rule::kth_largest([&](int64_t i) { return cand[i]; }, m, wanted, ties, cand);
+        }
+        src = cand;
+        m = kept;
+    }
+    if (src != cand) std::copy(src, src + m, cand);
+    std::sort(cand, cand + m, std::greater<uint32_t>());
+    const uint32_t kth = cand[wanted - 1];
+    ties = wanted - (std::lower_bound(cand, cand + m, kth, std::greater<uint32_t>()) - cand);
+    return kth;
+}
+
+// A token's keys (si_rule::order_bits of si_rule::rank_key), sixteen at a time.
+void token_keys(const float * a, int64_t n, bool by_magnitude, uint32_t * keys) {
+    const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i minus_inf = _mm512_set1_epi32((int) 0xff800000u), minus_zero = _mm512_set1_epi32((int) 0x80000000u);
+    const __m512i ones = _mm512_set1_epi32(-1);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 live = tail_mask(n - i);
+        __m512i u = _mm512_maskz_loadu_epi32(live, a + i);
+        const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_bits), inf);
+        const __mmask16 unsigned_ = (by_magnitude ? (__mmask16) 0xffff : _mm512_cmpeq_epi32_mask(u, minus_zero)) & ~nan;
+        u = _mm512_mask_and_epi32(_mm512_mask_mov_epi32(u, nan, minus_inf), unsigned_, u, abs_bits);  // NaN: -inf
+        const __mmask16 negative = _mm512_cmplt_epi32_mask(u, _mm512_setzero_si512());
+        u = _mm512_mask_xor_epi32(_mm512_or_si512(u, minus_zero), negative, u, ones);  // ~u, or u | sign
+        _mm512_mask_storeu_epi32(keys + i, live, u);
+    }
+}
+
+// count[i] += 1 for the keys above kth and the first `ties` equal to it.
+void add_votes(const uint32_t * keys, int64_t n, uint32_t kth, int64_t ties, int32_t * count) {
+    const __m512i kv = _mm512_set1_epi32((int) kth), one = _mm512_set1_epi32(1);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 live = tail_mask(n - i);
+        const __m512i v = _mm512_maskz_loadu_epi32(live, keys + i);
+        __mmask16 taken = _mm512_mask_cmpgt_epu32_mask(live, v, kv);
+        for (__mmask16 equal = _mm512_mask_cmpeq_epu32_mask(live, v, kv); equal && ties > 0; --ties) {
+            const __mmask16 lowest = equal & (__mmask16) -equal;
+            taken |= lowest;
+            equal ^= lowest;
+        }
+        const __m512i c = _mm512_maskz_loadu_epi32(live, count + i);
+        _mm512_mask_storeu_epi32(count + i, live, _mm512_mask_add_epi32(c, taken, c, one));
+    }
+}
+#endif
+
 // One thread's scratch of the counting op: three arrays of n_load.
 struct CountScratch {
     uint32_t * key;       // the token's ranking key per neuron (si_rule::order_bits)
@@ -1026,14 +1137,20 @@ void ggml_si_compute_forward_count(const struct ggml_compute_params * params, st
     std::fill(mine.count, mine.count + n_load, 0);
     for (int64_t t = ith; t < T && k > 0; t += nth) {
         const float * a = token(t);
-        for (int64_t i = 0; i < n_load; ++i) mine.key[i] = si_rule::order_bits(si_rule::rank_key(a[i], by_magnitude));
         int64_t ties = 0;
+#if defined(SI_PARTITION_SELECT)
+        token_keys(a, n_load, by_magnitude, mine.key);
+        const uint32_t kth = kth_largest_partition(mine.key, n_load, k, ties, mine.narrowed);
+        add_votes(mine.key, n_load, kth, ties, mine.count);
+#else
+        for (int64_t i = 0; i < n_load; ++i) mine.key[i] = si_rule::order_bits(si_rule::rank_key(a[i], by_magnitude));
         const uint32_t kth = si_rule::kth_largest([&](int64_t i) { return mine.key[i]; }, n_load, k, ties, mine.narrowed);
         for (int64_t i = 0; i < n_load; ++i) {
             bool taken = mine.key[i] > kth;
             if (mine.key[i] == kth) taken = ties-- > 0;
             mine.count[i] += taken;
         }
+#endif
     }
     ggml_barrier(params->threadpool);
     // threads merge the counts, each a range of neurons, onto the previous batches' counts

@@ -171,6 +171,32 @@ def test_count_matches_reference(by_magnitude, n_tokens, alpha, n_threads):
         reference_count(act, alpha, by_magnitude, prev).tolist()
 
 
+@pytest.mark.parametrize("by_magnitude", [False, True])
+@pytest.mark.parametrize("n_load", [1077, 4099])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_count_many_neurons_matches_reference(by_magnitude, n_load, n_threads):
+    # a real layer's width (on AVX-512 the k-th largest is found by partitions around sampled
+    # pivots, then a sort of the few left): tokens of other scales and signs, many equal values
+    # (a token of one value, a token of zeros and -0, values repeated across the k-th), NaN and
+    # infinities, a neuron count that is not a multiple of sixteen
+    rng = np.random.default_rng(11)
+    act = rng.standard_normal((12, n_load)).astype(np.float32)
+    act[1] *= 1e4
+    act[2] = -np.abs(act[2])
+    act[3] = 0.5
+    act[4, ::2] = 0.0
+    act[4, 1::2] = -0.0
+    act[5] = np.round(act[5] * 2) / 2  # a few distinct values, each many times
+    act[6, ::7] = np.nan
+    act[6, 3] = np.inf
+    act[6, 5] = -np.inf
+    act[7] = np.sort(act[7])[::-1]  # sorted: the sample's evenly spaced keys are in order
+    act[8, : n_load // 2] = act[8, n_load // 2: 2 * (n_load // 2)]  # every value twice
+    for alpha in (0.05, 0.2, 1.0):
+        assert run_count(act, alpha, by_magnitude, n_threads).tolist() == \
+            reference_count(act, alpha, by_magnitude).tolist(), alpha
+
+
 def test_count_ranks_nan_below_every_number():
     act = np.random.default_rng(7).standard_normal((6, 40)).astype(np.float32)
     act[:, ::3] = np.nan
