@@ -1122,10 +1122,12 @@ void ggml_si_compute_forward_count(const struct ggml_compute_params * params, st
     const CountScratch mine = scratch_of(ith);
 
     // k = round(alpha * mean number of positive activations per token); threads take tokens in turn
-    positives[ith] = 0;
+    int64_t my_positives = 0;  // summed in a register (vectorised), not through the shared array
     for (int64_t t = ith; t < T; t += nth) {
-        for (int64_t i = 0; i < n_load; ++i) positives[ith] += token(t)[i] > 0.0f;
+        const float * a = token(t);
+        for (int64_t i = 0; i < n_load; ++i) my_positives += a[i] > 0.0f;
     }
+    positives[ith] = my_positives;
     ggml_barrier(params->threadpool);
     int64_t all_positives = 0;
     for (int i = 0; i < nth; ++i) all_positives += positives[i];
