@@ -936,6 +936,26 @@ void token_keys(const float * a, int64_t n, bool by_magnitude, uint32_t * keys) 
     }
 }
 
+// out[0..k) = first_index + i for the keys above kth and the first `ties` equal to it, ascending.
+void take_indices(const uint32_t * keys, int64_t n, uint32_t kth, int64_t ties, int32_t first_index, int32_t * out) {
+    const __m512i kv = _mm512_set1_epi32((int) kth), step = _mm512_set1_epi32(16);
+    __m512i index = _mm512_add_epi32(_mm512_set1_epi32(first_index),
+                                     _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
+    int64_t place = 0;
+    for (int64_t i = 0; i < n; i += 16, index = _mm512_add_epi32(index, step)) {
+        const __mmask16 live = tail_mask(n - i);
+        const __m512i v = _mm512_maskz_loadu_epi32(live, keys + i);
+        __mmask16 taken = _mm512_mask_cmpgt_epu32_mask(live, v, kv);
+        for (__mmask16 equal = _mm512_mask_cmpeq_epu32_mask(live, v, kv); equal && ties > 0; --ties) {
+            const __mmask16 lowest = equal & (__mmask16) -equal;
+            taken |= lowest;
+            equal ^= lowest;
+        }
+        _mm512_mask_compressstoreu_epi32(out + place, taken, index);
+        place += __builtin_popcount(taken);
+    }
+}
+
 // count[i] += 1 for the keys above kth and the first `ties` equal to it.
 void add_votes(const uint32_t * keys, int64_t n, uint32_t kth, int64_t ties, int32_t * count) {
     const __m512i kv = _mm512_set1_epi32((int) kth), one = _mm512_set1_epi32(1);
@@ -1185,10 +1205,18 @@ void ggml_si_compute_forward_select(const struct ggml_compute_params * params, s
     for (int64_t i = 0; i < n_load - n_static; ++i) {
         keys[i] = si_rule::order_bits(si_rule::rank_key(si_rule::score_of(candidates[i], score), false));
     }
+#if defined(SI_PARTITION_SELECT)
+    if (n_dynamic > 0) {
+        int64_t ties = 0;
+        const uint32_t kth = kth_largest_partition(keys, n_load - n_static, n_dynamic, ties, keys + (n_load - n_static));
+        take_indices(keys, n_load - n_static, kth, ties, n_static, out + n_static);
+    }
+#else
     si_rule::take_top_k([&](int64_t i) { return keys[i]; },
                         n_load - n_static, n_dynamic,
                         [&](int64_t i, int64_t place) { out[n_static + place] = (int32_t) (n_static + i); },
                         keys + (n_load - n_static));
+#endif
 }
 
 }  // extern "C"

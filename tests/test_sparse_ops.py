@@ -225,6 +225,24 @@ def test_select_by_activation_magnitude_matches_reference(score, act, n_static, 
     assert run_select(gate, n_static, n_dynamic, score) == expected
 
 
+@pytest.mark.parametrize("score,act", [(0, None), (1, silu), (2, gelu)])
+@pytest.mark.parametrize("n_static,n_dynamic", [(0, 1), (64, 700), (37, 2000), (0, 4099)])
+def test_select_many_neurons_matches_reference(score, act, n_static, n_dynamic):
+    # a real layer's width: a prompt's votes (few distinct values, each many times) or a decode
+    # step's gate values, a NaN, and a neuron count that is not a multiple of sixteen
+    rng = np.random.default_rng(12)
+    if act is None:
+        values = rng.integers(0, 65, 4099).astype(np.float32)
+        scores = values.astype(np.float64)
+    else:
+        values = (3 * rng.standard_normal(4099)).astype(np.float32)
+        values[[5, 2000]] = np.nan
+        scores = np.abs(act(values.astype(np.float64)))
+        scores[np.isnan(scores)] = -np.inf
+    n_dynamic = min(n_dynamic, 4099 - n_static)
+    assert run_select(values, n_static, n_dynamic, score) == reference_choose(scores, n_static, n_dynamic)
+
+
 def test_batches_add_up_to_the_prompts_selection():
     """A prompt in three batches: the running counts of each batch feed the next, and the selection
     from the last equals the reference's over the whole prompt."""
