@@ -498,9 +498,10 @@ ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, 
                                     const Compensation & comp) {
     ggml_tensor * out = static_block(ctx, w, x);
     if (n_dynamic > 0) {
-        // gate over every gathered neuron (upstream's matmul), the score |act(gate)|, and the
-        // n_dynamic best rows of the gathered tensors (ids from 0: row 0 is neuron n_static)
-        ggml_tensor * gate = ggml_mul_mat(ctx, w.gathered_gate(), x);  // [n_gathered, 1]
+        // gate over every gathered neuron (as dense over loaded computes it: upstream's matmul, or
+        // eight rows at a time in integers), the score |act(gate)|, and the n_dynamic best rows of
+        // the gathered tensors (ids from 0: row 0 is neuron n_static)
+        ggml_tensor * gate = gathered_product(ctx, w.gathered_gate(), x);  // [n_gathered, 1]
         ggml_tensor * chosen = ggml_si_select(ctx, gate, 0, n_dynamic, abs_activation(w));
         ggml_tensor * gate_chosen = ggml_get_rows(ctx, ggml_reshape_2d(ctx, gate, 1, gate->ne[0]), chosen);  // [1, n]
         ggml_tensor * up = ggml_si_mul_rows(ctx, w.gathered_up(), x, chosen, 0);                               // [n, 1]
