@@ -1188,23 +1188,27 @@ void ggml_si_compute_forward_count(const struct ggml_compute_params * params, st
 }
 
 void ggml_si_compute_forward_select(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
-    if (params->ith != 0) {
-        return;
-    }
     const float * counts = (const float *) dst->src[0]->data;
     const int64_t n_load = dst->src[0]->ne[0];
     const int32_t n_static = ggml_get_op_params_i32(dst, GGML_SI_SELECT_N_STATIC);
     const int32_t n_dynamic = ggml_get_op_params_i32(dst, GGML_SI_SELECT_N_DYNAMIC);
     const int32_t score = ggml_get_op_params_i32(dst, GGML_SI_SELECT_SCORE);
+    const float * candidates = counts + n_static;
+    // keys once (the select reads each several times), threads a range each (a decode step's
+    // score |act(x)| costs an exp per candidate); then one thread chooses
+    uint32_t * keys = (uint32_t *) params->wdata;
+    const int64_t n = n_load - n_static, per = (n + params->nth - 1) / params->nth;
+    const int64_t i0 = std::min(n, per * params->ith), i1 = std::min(n, i0 + per);
+    for (int64_t i = i0; i < i1; ++i) {
+        keys[i] = si_rule::order_bits(si_rule::rank_key(si_rule::score_of(candidates[i], score), false));
+    }
+    ggml_barrier(params->threadpool);
+    if (params->ith != 0) {
+        return;
+    }
     // the n_dynamic non-static neurons of the highest score, ties to the lower row, ascending
     int32_t * out = (int32_t *) dst->data;
     for (int32_t i = 0; i < n_static; ++i) out[i] = i;
-    const float * candidates = counts + n_static;
-    // keys once (the radix select reads each four times)
-    uint32_t * keys = (uint32_t *) params->wdata;
-    for (int64_t i = 0; i < n_load - n_static; ++i) {
-        keys[i] = si_rule::order_bits(si_rule::rank_key(si_rule::score_of(candidates[i], score), false));
-    }
 #if defined(SI_PARTITION_SELECT)
     if (n_dynamic > 0) {
         int64_t ties = 0;

@@ -152,8 +152,8 @@ def run_count(act, alpha, by_magnitude, n_threads, prev=None):
                    (act.shape[1],))
 
 
-def run_select(counts, n_static, n_dynamic, score=0):
-    raw = _native.run_sparse_op("select", [f32(counts)], 1, n_static, n_dynamic, score=score)
+def run_select(counts, n_static, n_dynamic, score=0, n_threads=1):
+    raw = _native.run_sparse_op("select", [f32(counts)], n_threads, n_static, n_dynamic, score=score)
     return np.frombuffer(raw, dtype=np.int32).tolist()
 
 
@@ -227,7 +227,8 @@ def test_select_by_activation_magnitude_matches_reference(score, act, n_static, 
 
 @pytest.mark.parametrize("score,act", [(0, None), (1, silu), (2, gelu)])
 @pytest.mark.parametrize("n_static,n_dynamic", [(0, 1), (64, 700), (37, 2000), (0, 4099)])
-def test_select_many_neurons_matches_reference(score, act, n_static, n_dynamic):
+@pytest.mark.parametrize("n_threads", [1, 3])  # threads score a range of candidates each, one chooses
+def test_select_many_neurons_matches_reference(score, act, n_static, n_dynamic, n_threads):
     # a real layer's width: a prompt's votes (few distinct values, each many times) or a decode
     # step's gate values, a NaN, and a neuron count that is not a multiple of sixteen
     rng = np.random.default_rng(12)
@@ -240,7 +241,7 @@ def test_select_many_neurons_matches_reference(score, act, n_static, n_dynamic):
         scores = np.abs(act(values.astype(np.float64)))
         scores[np.isnan(scores)] = -np.inf
     n_dynamic = min(n_dynamic, 4099 - n_static)
-    assert run_select(values, n_static, n_dynamic, score) == reference_choose(scores, n_static, n_dynamic)
+    assert run_select(values, n_static, n_dynamic, score, n_threads) == reference_choose(scores, n_static, n_dynamic)
 
 
 def test_batches_add_up_to_the_prompts_selection():
