@@ -936,6 +936,20 @@ void token_keys(const float * a, int64_t n, bool by_magnitude, uint32_t * keys) 
     }
 }
 
+// Of the sixteen keys from i on: those above kth and, while `ties` lasts, those equal to it (the
+// lower rows first); `ties` is lowered by the equal ones taken.
+inline __mmask16 taken_lanes(const uint32_t * keys, int64_t i, int64_t n, __m512i kth, int64_t & ties) {
+    const __mmask16 live = tail_mask(n - i);
+    const __m512i v = _mm512_maskz_loadu_epi32(live, keys + i);
+    __mmask16 taken = _mm512_mask_cmpgt_epu32_mask(live, v, kth);
+    for (__mmask16 equal = _mm512_mask_cmpeq_epu32_mask(live, v, kth); equal && ties > 0; --ties) {
+        const __mmask16 lowest = equal & (__mmask16) -equal;
+        taken |= lowest;
+        equal ^= lowest;
+    }
+    return taken;
+}
+
 // out[0..k) = first_index + i for the keys above kth and the first `ties` equal to it, ascending.
 void take_indices(const uint32_t * keys, int64_t n, uint32_t kth, int64_t ties, int32_t first_index, int32_t * out) {
     const __m512i kv = _mm512_set1_epi32((int) kth), step = _mm512_set1_epi32(16);
@@ -943,14 +957,7 @@ void take_indices(const uint32_t * keys, int64_t n, uint32_t kth, int64_t ties, 
                                      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
     int64_t place = 0;
     for (int64_t i = 0; i < n; i += 16, index = _mm512_add_epi32(index, step)) {
-        const __mmask16 live = tail_mask(n - i);
-        const __m512i v = _mm512_maskz_loadu_epi32(live, keys + i);
-        __mmask16 taken = _mm512_mask_cmpgt_epu32_mask(live, v, kv);
-        for (__mmask16 equal = _mm512_mask_cmpeq_epu32_mask(live, v, kv); equal && ties > 0; --ties) {
-            const __mmask16 lowest = equal & (__mmask16) -equal;
-            taken |= lowest;
-            equal ^= lowest;
-        }
+        const __mmask16 taken = taken_lanes(keys, i, n, kv, ties);
         _mm512_mask_compressstoreu_epi32(out + place, taken, index);
         place += __builtin_popcount(taken);
     }
@@ -960,14 +967,7 @@ void take_indices(const uint32_t * keys, int64_t n, uint32_t kth, int64_t ties, 
 void add_votes(const uint32_t * keys, int64_t n, uint32_t kth, int64_t ties, int32_t * count) {
     const __m512i kv = _mm512_set1_epi32((int) kth), one = _mm512_set1_epi32(1);
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 live = tail_mask(n - i);
-        const __m512i v = _mm512_maskz_loadu_epi32(live, keys + i);
-        __mmask16 taken = _mm512_mask_cmpgt_epu32_mask(live, v, kv);
-        for (__mmask16 equal = _mm512_mask_cmpeq_epu32_mask(live, v, kv); equal && ties > 0; --ties) {
-            const __mmask16 lowest = equal & (__mmask16) -equal;
-            taken |= lowest;
-            equal ^= lowest;
-        }
+        const __mmask16 taken = taken_lanes(keys, i, n, kv, ties), live = tail_mask(n - i);
         const __m512i c = _mm512_maskz_loadu_epi32(live, count + i);
         _mm512_mask_storeu_epi32(count + i, live, _mm512_mask_add_epi32(c, taken, c, one));
     }
