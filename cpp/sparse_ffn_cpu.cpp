@@ -11,8 +11,10 @@
 //               several tokens: a blocked GEMM over F32 panels of the weight (quantized and
 //               BF16 rows on AMX bf16 tiles where the CPU has them).
 //   count       a prompt batch's votes: threads rank tokens in turn (a radix select per token,
-//               selection_rule.h), then merge the counts by rows.
-//   select      the most counted neurons (one thread, the same radix select).
+//               selection_rule.h; with AVX-512 partitions in vectors), then merge the counts by
+//               rows.
+//   select      the most counted neurons: threads score a range of candidates each, then one
+//               chooses (the same radix select, or partitions).
 #include "sparse_ffn_ops.h"
 #include "block_loops.h"
 #include "selection_rule.h"
