@@ -529,13 +529,19 @@ void mul_rows_t_tokens(const ggml_compute_params * params, ggml_tensor * dst) {
 // mantissa: about 0.3% per product, less than the 8-bit activations of upstream's quantized
 // matmuls). Tile registers are per thread and ggml's AMX kernels configure them once per thread,
 // so this kernel saves the configuration it finds and restores it.
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+// The tile products are AMX-BF16 instructions, compiled for the two kernels that use them even
+// where ggml-cpu is not (ggml's sapphirerapids variant of the one-binary build names AMX_TILE and
+// AMX_INT8 only) and run where the CPU has them.
+#if defined(__AMX_TILE__) && defined(__AVX512BF16__) && defined(__linux__)
 #define SI_AMX_BF16 1
+#define SI_AMX_BF16_TARGET __attribute__((target("amx-bf16")))
 #include <immintrin.h>
 
-// Linux gives a process the tile registers' state only on request (arch_prctl); once per process.
+// The CPU has AMX-BF16, and Linux gives the process the tile registers' state (it does only on
+// request, arch_prctl); asked once per process.
 bool amx_tiles_permitted() {
-    static const bool permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    static const bool permitted = __builtin_cpu_supports("amx-bf16") &&
+                                  syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
     return permitted;
 }
 
@@ -619,7 +625,7 @@ void panel_to_tiles(const float * panel, int64_t rows, int64_t panel_width, ggml
     }
 }
 
-void mul_rows_t_tokens_amx(const ggml_compute_params * params, ggml_tensor * dst) {
+SI_AMX_BF16_TARGET void mul_rows_t_tokens_amx(const ggml_compute_params * params, ggml_tensor * dst) {
     const ggml_tensor * w = dst->src[0];
     const ggml_tensor * hs = dst->src[1];
     const RowIds row_of(dst);
@@ -775,7 +781,7 @@ void transpose_16x16(const float * in, float * out) {
     }
 }
 
-void mul_rows_tokens_amx(const ggml_compute_params * params, ggml_tensor * dst) {
+SI_AMX_BF16_TARGET void mul_rows_tokens_amx(const ggml_compute_params * params, ggml_tensor * dst) {
     const ggml_tensor * w = dst->src[0];
     const ggml_tensor * x = dst->src[1];
     const RowIds row_of(dst);
