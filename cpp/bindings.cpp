@@ -192,13 +192,15 @@ PYBIND11_MODULE(_native, m) {
     m.def(
         "dropped_means",
         [](const std::vector<float> & gate_rms, const std::vector<float> & up_slope, int64_t n_kept,
-           const std::string & activation, const std::vector<float> & gate_mean, const std::vector<float> & up_mean) {
+           const std::string & activation, const std::vector<float> & gate_mean, const std::vector<float> & up_mean,
+           const std::vector<float> & up_rms) {
             if (activation != "silu" && activation != "gelu") throw py::value_error("activation must be silu or gelu");
-            return dropped_means({gate_rms, up_slope, gate_mean, up_mean}, n_kept,
+            return dropped_means({gate_rms, up_slope, gate_mean, up_mean, up_rms}, n_kept,
                                  activation == "gelu" ? GatedActivation::gelu : GatedActivation::silu);
         },
         py::arg("gate_rms"), py::arg("up_slope"), py::arg("n_kept"), py::arg("activation"),
         py::arg("gate_mean") = std::vector<float>{}, py::arg("up_mean") = std::vector<float>{},
+        py::arg("up_rms") = std::vector<float>{},
         "each neuron's expected activation when a step that keeps n_kept of them drops it (compensation.h)");
 
     py::class_<SelectionOverrides>(m, "SelectionOverrides")

@@ -28,9 +28,10 @@ double activation_of(double x, GatedActivation activation) {
 std::vector<float> dropped_means(const GateStats & stats, int64_t n_kept, GatedActivation activation) {
     const size_t n = stats.gate_rms.size();
     const bool with_means = !stats.gate_mean.empty() || !stats.up_mean.empty();
+    const bool weighted = !stats.up_rms.empty();
     if (stats.up_slope.size() != n || (with_means && (stats.gate_mean.size() != n || stats.up_mean.size() != n)) ||
-        n_kept < 0 || n_kept > (int64_t) n) {
-        throw std::invalid_argument("dropped_means: one slope (and mean) per neuron and 0 <= n_kept <= neurons");
+        (weighted && stats.up_rms.size() != n) || n_kept < 0 || n_kept > (int64_t) n) {
+        throw std::invalid_argument("dropped_means: one slope (and mean, up rms) per neuron and 0 <= n_kept <= neurons");
     }
     // each neuron's gate g = mean + sd z, and E[u | g] = up_mean + slope (g - mean)
     std::vector<double> mean(n, 0.0), sd(n), up_mean(n, 0.0), slope(n);
@@ -55,15 +56,16 @@ std::vector<float> dropped_means(const GateStats & stats, int64_t n_kept, GatedA
         total += weight[i];
     }
     for (double & w : weight) w /= total;
-    // each neuron's score on the grid, |act(gate)|, and its expected activation there
+    // each neuron's score on the grid, |act(gate)| (times up's rms), and its expected activation there
     std::vector<double> score(n * kGrid), moment(n * kGrid);
     double highest = 0;
     for (size_t j = 0; j < n; ++j) {
+        const double scale = weighted ? (double) stats.up_rms[j] : 1.0;
         for (int i = 0; i < kGrid; ++i) {
             const double act = activation_of(mean[j] + sd[j] * z[i], activation);
-            score[j * kGrid + i] = std::fabs(act);
+            score[j * kGrid + i] = std::fabs(act) * scale;
             moment[j * kGrid + i] = act * (up_mean[j] + slope[j] * sd[j] * z[i]);
-            highest = std::max(highest, std::fabs(act));
+            highest = std::max(highest, score[j * kGrid + i]);
         }
     }
     // per neuron, its scores in ascending order and the grid weight at or above each

@@ -10,10 +10,11 @@
 // the profile has them, means m = E[h]: the gate's root mean square sqrt(w_g C w_g^T), up's slope
 // on the gate (w_g C w_u^T) / (w_g C w_g^T), and the means mu_g = w_g m, mu_u = w_u m (else 0).
 // With the gate g_j ~ N(mu_g, sigma_j^2), sigma_j^2 = E[g^2] - mu_g^2, and E[u_j | g_j] =
-// mu_u + b_j (g_j - mu_g), b_j = Cov(g, u) / sigma_j^2, a step drops the neurons with |act(g_j)|
+// mu_u + b_j (g_j - mu_g), b_j = Cov(g, u) / sigma_j^2, a step drops the neurons whose score
+// |act(g_j)| (times up's root mean square r_j where the file has it: the step's own score) is
 // under one threshold theta, set so that k neurons are kept on average, and
 //
-//     nu_j = E[act(g_j) (mu_u + b_j (g_j - mu_g)) | |act(g_j)| < theta].
+//     nu_j = E[act(g_j) (mu_u + b_j (g_j - mu_g)) | |act(g_j)| r_j < theta].
 //
 // The gate's mean matters: the residual stream's FFN inputs are not centered, and on SmolLM2 the
 // zero-mean model's nu are about half those measured on calibration text (0.89-1.08x with means).

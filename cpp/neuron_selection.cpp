@@ -271,6 +271,26 @@ void NeuronSelection::allocate() {
         ggml_backend_tensor_set((*ids_)[i], first.data(), 0, first.size() * sizeof(int32_t));
     }
     allocate_compensation();
+    allocate_score_scale();
+}
+
+void NeuronSelection::allocate_score_scale() {
+    score_scale_.reset();
+    const bool with_up_rms = !info_.gate_stats.empty() && !info_.gate_stats.begin()->second.up_rms.empty();
+    if (!step_chooses(config_.strategy) || config_.dense || !with_up_rms) return;
+    std::vector<int> layers;
+    std::vector<int64_t> n_gathered;
+    for (const Layer & l : layers_) {
+        layers.push_back(l.il);
+        n_gathered.push_back(std::max(1, l.n_load - l.n_static));  // (a layer of static neurons only: unused)
+    }
+    score_scale_ = std::make_unique<LayerTensors>(model_, layers, GGML_TYPE_F32, n_gathered, "si_score_scale");
+    for (size_t i = 0; i < layers_.size(); ++i) {
+        const Layer & l = layers_[i];
+        if (l.n_load == l.n_static) continue;
+        const std::vector<float> up_rms = info_.gate_stats.at(l.il).from(l.n_static).up_rms;
+        ggml_backend_tensor_set((*score_scale_)[i], up_rms.data(), 0, up_rms.size() * sizeof(float));
+    }
 }
 
 bool NeuronSelection::compensating() const {
@@ -369,9 +389,10 @@ ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, l
         if (x->ne[1] == 1) {  // (the engine decodes a token at a time; more go dense, below)
             Compensation comp;
             if (comp_nu_) comp = {(*comp_nu_)[layer_index_[il]], (*comp_out_)[layer_index_[il]]};
+            ggml_tensor * scale = score_scale_ ? (*score_scale_)[layer_index_[il]] : nullptr;
             return config_.strategy == Strategy::predicted
-                       ? build_predicted_ffn(ctx, weights, x, l.n_select - l.n_static, comp)
-                       : build_gate_guided_ffn(ctx, weights, x, l.n_select - l.n_static, comp);
+                       ? build_predicted_ffn(ctx, weights, x, l.n_select - l.n_static, comp, scale)
+                       : build_gate_guided_ffn(ctx, weights, x, l.n_select - l.n_static, comp, scale);
         }
     }
     // dense over the loaded neurons; a prompt selects its neurons in the same graph
@@ -495,14 +516,14 @@ ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_
 }
 
 ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic,
-                                    const Compensation & comp) {
+                                    const Compensation & comp, ggml_tensor * score_scale) {
     ggml_tensor * out = static_block(ctx, w, x);
     if (n_dynamic > 0) {
         // gate over every gathered neuron (as dense over loaded computes it: upstream's matmul, or
-        // eight rows at a time in integers), the score |act(gate)|, and the n_dynamic best rows of
-        // the gathered tensors (ids from 0: row 0 is neuron n_static)
+        // eight rows at a time in integers), the score |act(gate)| (times up's rms), and the
+        // n_dynamic best rows of the gathered tensors (ids from 0: row 0 is neuron n_static)
         ggml_tensor * gate = gathered_product(ctx, w.gathered_gate(), x);  // [n_gathered, 1]
-        ggml_tensor * chosen = ggml_si_select(ctx, gate, 0, n_dynamic, abs_activation(w));
+        ggml_tensor * chosen = ggml_si_select(ctx, gate, 0, n_dynamic, abs_activation(w), score_scale);
         ggml_tensor * gate_chosen = ggml_get_rows(ctx, ggml_reshape_2d(ctx, gate, 1, gate->ne[0]), chosen);  // [1, n]
         ggml_tensor * up = ggml_si_mul_rows(ctx, w.gathered_up(), x, chosen, 0);                               // [n, 1]
         ggml_tensor * act = w.gated(ctx, ggml_reshape_2d(ctx, gate_chosen, n_dynamic, 1), up);
@@ -514,13 +535,13 @@ ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, 
 }
 
 ggml_tensor * build_predicted_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic,
-                                  const Compensation & comp) {
+                                  const Compensation & comp, ggml_tensor * score_scale) {
     ggml_tensor * out = static_block(ctx, w, x);
     if (n_dynamic > 0) {
         // the predicted gate of every gathered neuron (two small upstream matmuls), the score
-        // |act(predicted)|, and gate, up and down of the n_dynamic best (ids from 0)
+        // |act(predicted)| (times up's rms), and gate, up and down of the n_dynamic best (ids from 0)
         ggml_tensor * predicted = ggml_mul_mat(ctx, w.gate_pred_out, ggml_mul_mat(ctx, w.gate_pred_in, x));
-        ggml_tensor * chosen = ggml_si_select(ctx, predicted, 0, n_dynamic, abs_activation(w));
+        ggml_tensor * chosen = ggml_si_select(ctx, predicted, 0, n_dynamic, abs_activation(w), score_scale);
         ggml_tensor * act = w.gated(ctx, ggml_si_mul_rows(ctx, w.gathered_gate(), x, chosen, 0),
                                     ggml_si_mul_rows(ctx, w.gathered_up(), x, chosen, 0));
         ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, chosen, 0, comp.nu);
@@ -540,7 +561,7 @@ SelectionNodes build_selection(ggml_context * ctx, ggml_tensor * act, ggml_tenso
     } else {
         scores = ggml_si_count(ctx, act, counts, config.token_ratio, config.by_magnitude);
     }
-    return {scores, ggml_si_select(ctx, scores, n_static, n_dynamic, GGML_SI_SCORE_VALUE)};
+    return {scores, ggml_si_select(ctx, scores, n_static, n_dynamic, GGML_SI_SCORE_VALUE, nullptr)};
 }
 
 bool NeuronSelection::graph_reusable() const {

@@ -138,16 +138,17 @@ struct Compensation {
 };
 
 // A gate-guided decode step (one token): the static block as build_sparse_ffn, then gate over every
-// gathered neuron, and up and down for the n_dynamic of them with the largest |act(gate)|; with
-// compensation, the chosen neurons' act - nu, plus comp.out.
+// gathered neuron, and up and down for the n_dynamic of them with the largest |act(gate)| (times
+// score_scale [n_gathered], each neuron's up root mean square, where given); with compensation,
+// the chosen neurons' act - nu, plus comp.out.
 ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic,
-                                    const Compensation & comp = {});
+                                    const Compensation & comp = {}, ggml_tensor * score_scale = nullptr);
 
 // A predicted decode step (one token): the static block as build_sparse_ffn, then the low-rank
 // predictor's gate over every gathered neuron, and gate, up and down for the n_dynamic of them with
-// the largest |act(predicted gate)|; compensation as build_gate_guided_ffn.
+// the largest |act(predicted gate)| (times score_scale); compensation as build_gate_guided_ffn.
 ggml_tensor * build_predicted_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic,
-                                  const Compensation & comp = {});
+                                  const Compensation & comp = {}, ggml_tensor * score_scale = nullptr);
 
 // A prompt batch's selection from its activations act [n_load, T] by a choosing strategy
 // (frequency or sum_magnitude): the running scores (this batch's added to `counts`, the previous
@@ -218,6 +219,7 @@ private:
     void validate(const SelectionConfig & config) const;
     void allocate();
     void allocate_compensation();
+    void allocate_score_scale();
     bool compensating() const;  // whether decode steps add the dropped neurons' expected output
 
     const llama_model * model_;
@@ -232,6 +234,7 @@ private:
     std::unique_ptr<LayerTensors> ids_;     // I32 [n_select] per SelectInfer layer: the selection
     std::unique_ptr<LayerTensors> counts_;  // F32 [n_load] per SelectInfer layer: the prompt's votes so far
     std::unique_ptr<LayerTensors> comp_nu_, comp_out_;  // F32 [n_gathered], [n_embd]: Compensation, when on
+    std::unique_ptr<LayerTensors> score_scale_;  // F32 [n_gathered]: up's rms, for step strategies on files with it
 };
 
 }  // namespace selectinfer

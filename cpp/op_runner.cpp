@@ -130,7 +130,7 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
             require(ggml_n_dims(t[1]) == 1 && t[1]->ne[0] == t[0]->ne[0], "prev must be [n_load]");
         }
         out = ggml_si_count(ctx.get(), t[0], t.size() == 2 ? t[1] : nullptr, alpha, by_magnitude);
-    } else if (op == "select" && t.size() == 1) {
+    } else if (op == "select" && (t.size() == 1 || t.size() == 2)) {
         require_f32(t[0], "counts");
         require(ggml_n_dims(t[0]) == 1, "counts must be 1-D");
         require(n_static >= 0 && n_dynamic >= 0 && n_static + n_dynamic > 0 &&
@@ -138,7 +138,11 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
                 "need 0 < n_static + n_dynamic <= n_load");
         require(score == GGML_SI_SCORE_VALUE || score == GGML_SI_SCORE_ABS_SILU || score == GGML_SI_SCORE_ABS_GELU,
                 "score must be 0 (value), 1 (|silu|) or 2 (|gelu|)");
-        out = ggml_si_select(ctx.get(), t[0], n_static, n_dynamic, (ggml_si_score) score);
+        if (t.size() == 2) {
+            require_f32(t[1], "scale");
+            require(ggml_n_dims(t[1]) == 1 && t[1]->ne[0] == t[0]->ne[0] - n_static, "scale must be [n_load - n_static]");
+        }
+        out = ggml_si_select(ctx.get(), t[0], n_static, n_dynamic, (ggml_si_score) score, t.size() == 2 ? t[1] : nullptr);
     } else {
         throw std::invalid_argument("unknown op or wrong number of inputs: " + op);
     }

@@ -38,6 +38,12 @@ SI_HD float score_of(float x, int score) {
     return x;
 }
 
+// A candidate's score times its scale (ggml_si_select's optional per-neuron weight; 1 without).
+SI_HD float scaled_score(float x, int score, const float * scale, int64_t i) {
+    const float s = score_of(x, score);
+    return scale ? s * scale[i] : s;
+}
+
 // k, the number of neurons each token of a batch votes for: alpha times the mean number of
 // positive activations per token, rounded half away from zero, at most n_load.
 SI_HD int64_t top_k(float alpha, int64_t positives, int64_t n_tokens, int64_t n_load) {

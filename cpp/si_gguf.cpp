@@ -33,6 +33,7 @@ constexpr const char * kGateRms      = "selectinfer.gate_rms.";   // + layer; op
 constexpr const char * kUpSlope      = "selectinfer.up_slope.";   // + layer; with gate_rms
 constexpr const char * kGateMean     = "selectinfer.gate_mean.";  // + layer; optional, with gate_rms (profiles with input means)
 constexpr const char * kUpMean       = "selectinfer.up_mean.";    // + layer; with gate_mean
+constexpr const char * kUpRms        = "selectinfer.up_rms.";     // + layer; optional, with gate_rms
 
 [[noreturn]] void refuse(const std::string & what) {
     throw std::runtime_error("invalid SelectInfer GGUF: " + what + "; convert the model again with `selectinfer convert`");
@@ -260,7 +261,8 @@ std::vector<float> read_per_neuron(const Metadata & m, const std::string & key, 
 }
 
 // A layer's gate statistics (compensation.h): one root mean square (>= 0) and one slope per loaded
-// neuron, and optionally the gate's and up's means (a gate's mean no larger than its root mean square).
+// neuron, and optionally the gate's and up's means (a gate's mean no larger than its root mean
+// square) and up's root mean square (>= 0).
 GateStats read_gate_stats(const Metadata & m, int il, int64_t n_load) {
     const std::string rms_key = layer_key(kGateRms, il), slope_key = layer_key(kUpSlope, il);
     const std::string gate_mean_key = layer_key(kGateMean, il), up_mean_key = layer_key(kUpMean, il);
@@ -281,6 +283,8 @@ GateStats read_gate_stats(const Metadata & m, int il, int64_t n_load) {
             }
         }
     }
+    const std::string up_rms_key = layer_key(kUpRms, il);
+    if (m.has(up_rms_key)) stats.up_rms = read_per_neuron(m, up_rms_key, il, n_load, true, "root mean square >= 0");
     return stats;
 }
 
@@ -290,7 +294,7 @@ GateStats GateStats::from(size_t first) const {
     auto tail = [first](const std::vector<float> & v) {
         return v.empty() ? v : std::vector<float>(v.begin() + std::min(first, v.size()), v.end());
     };
-    return {tail(gate_rms), tail(up_slope), tail(gate_mean), tail(up_mean)};
+    return {tail(gate_rms), tail(up_slope), tail(gate_mean), tail(up_mean), tail(up_rms)};
 }
 
 namespace {
@@ -385,7 +389,7 @@ std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model,
         if (m.has(layer_key(kGateRms, (int) il))) {
             info->gate_stats[(int) il] = read_gate_stats(m, (int) il, n_load);
         } else {
-            for (const char * key : {kUpSlope, kGateMean, kUpMean}) {
+            for (const char * key : {kUpSlope, kGateMean, kUpMean, kUpRms}) {
                 if (m.has(layer_key(key, (int) il))) {
                     refuse(layer_key(key, (int) il) + " is present but " + layer_key(kGateRms, (int) il) + " is not");
                 }
@@ -401,6 +405,11 @@ std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model,
         if (!stats.gate_mean.empty()) with_means[il] = true;
     }
     require_every_layer(with_means, info->n_load, kGateMean, "gate means");
+    std::map<int, bool> with_up_rms;
+    for (const auto & [il, stats] : info->gate_stats) {
+        if (!stats.up_rms.empty()) with_up_rms[il] = true;
+    }
+    require_every_layer(with_up_rms, info->n_load, kUpRms, "up root mean squares");
     for (int il = 0; il < n_layer; ++il) {
         if ((model.layers[il].ffn_down_t || model.layers[il].ffn_down_static) && !info->n_load.count(il)) {
             refuse("blk." + std::to_string(il) + " is a SelectInfer layer (ffn_down_static, ffn_down_t) but layer " +

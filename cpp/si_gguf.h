@@ -34,6 +34,8 @@ struct GateStats {
     std::vector<float> up_slope;   // E[g u] / E[g^2]: up's least-squares slope on the gate
     std::vector<float> gate_mean;  // E[g] and E[u] (profiles with input means), or both empty: taken as 0
     std::vector<float> up_mean;
+    std::vector<float> up_rms;     // sqrt(E[u^2]) of the neuron's up (files converted since), or empty: a
+                                   // step scores its neurons by |act(g)| times this weight where present
 
     // The statistics of neurons [first, end).
     GateStats from(size_t first) const;

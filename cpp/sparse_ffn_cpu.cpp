@@ -1202,13 +1202,14 @@ void ggml_si_compute_forward_select(const struct ggml_compute_params * params, s
     const int32_t n_dynamic = ggml_get_op_params_i32(dst, GGML_SI_SELECT_N_DYNAMIC);
     const int32_t score = ggml_get_op_params_i32(dst, GGML_SI_SELECT_SCORE);
     const float * candidates = counts + n_static;
+    const float * scale = dst->src[1] ? (const float *) dst->src[1]->data : nullptr;
     // keys once (the select reads each several times), threads a range each (a decode step's
     // score |act(x)| costs an exp per candidate); then one thread chooses
     uint32_t * keys = (uint32_t *) params->wdata;
     const int64_t n = n_load - n_static, per = (n + params->nth - 1) / params->nth;
     const int64_t i0 = std::min(n, per * params->ith), i1 = std::min(n, i0 + per);
     for (int64_t i = i0; i < i1; ++i) {
-        keys[i] = si_rule::order_bits(si_rule::rank_key(si_rule::score_of(candidates[i], score), false));
+        keys[i] = si_rule::order_bits(si_rule::rank_key(si_rule::scaled_score(candidates[i], score, scale, i), false));
     }
     ggml_barrier(params->threadpool);
     if (params->ith != 0) {

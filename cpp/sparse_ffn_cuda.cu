@@ -311,10 +311,13 @@ static void count(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         prev ? (const float *) prev->data : nullptr, votes.get(), n_load, (float *) dst->data);
 }
 
-__global__ void select_kernel(const float * counts, int64_t n_load, int n_static, int n_dynamic, int score, int32_t * out) {
+__global__ void select_kernel(const float * counts, int64_t n_load, int n_static, int n_dynamic, int score,
+                              const float * scale, int32_t * out) {
     for (int i = threadIdx.x; i < n_static; i += blockDim.x) out[i] = i;
     const float * candidates = counts + n_static;
-    block_top_k([=](int64_t i) { return si_rule::order_bits(si_rule::rank_key(si_rule::score_of(candidates[i], score), false)); },
+    block_top_k([=](int64_t i) {
+                    return si_rule::order_bits(si_rule::rank_key(si_rule::scaled_score(candidates[i], score, scale, i), false));
+                },
                 n_load - n_static, n_dynamic, [=](int64_t i, int64_t place) { out[n_static + place] = (int32_t) (n_static + i); });
 }
 
@@ -323,8 +326,9 @@ static void select(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const int n_static = ggml_get_op_params_i32(dst, GGML_SI_SELECT_N_STATIC);
     const int n_dynamic = ggml_get_op_params_i32(dst, GGML_SI_SELECT_N_DYNAMIC);
     const int score = ggml_get_op_params_i32(dst, GGML_SI_SELECT_SCORE);
+    const float * scale = dst->src[1] ? (const float *) dst->src[1]->data : nullptr;
     select_kernel<<<1, SELECT_THREADS, 0, ctx.stream()>>>((const float *) counts->data, counts->ne[0], n_static, n_dynamic,
-                                                          score, (int32_t *) dst->data);
+                                                          score, scale, (int32_t *) dst->data);
 }
 
 }  // namespace

@@ -62,17 +62,20 @@ struct ggml_tensor * ggml_si_count(struct ggml_context * ctx, struct ggml_tensor
 }
 
 struct ggml_tensor * ggml_si_select(struct ggml_context * ctx, struct ggml_tensor * counts, int n_static,
-                                    int n_dynamic, enum ggml_si_score score) {
+                                    int n_dynamic, enum ggml_si_score score, struct ggml_tensor * scale) {
     GGML_ASSERT(counts->type == GGML_TYPE_F32 && ggml_is_vector(counts) && ggml_is_contiguous(counts));
     GGML_ASSERT(n_static >= 0 && n_dynamic >= 0 && n_static + n_dynamic > 0);
     GGML_ASSERT(n_static + n_dynamic <= counts->ne[0]);
     GGML_ASSERT(score == GGML_SI_SCORE_VALUE || score == GGML_SI_SCORE_ABS_SILU || score == GGML_SI_SCORE_ABS_GELU);
+    GGML_ASSERT(!scale || (scale->type == GGML_TYPE_F32 && ggml_is_contiguous(scale) &&
+                           ggml_nelements(scale) == counts->ne[0] - n_static));
     struct ggml_tensor * out = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_static + n_dynamic);
     ggml_set_op_params_i32(out, GGML_SI_SELECT_N_STATIC, n_static);
     ggml_set_op_params_i32(out, GGML_SI_SELECT_N_DYNAMIC, n_dynamic);
     ggml_set_op_params_i32(out, GGML_SI_SELECT_SCORE, score);
     out->op     = GGML_OP_SI_SELECT;
     out->src[0] = counts;
+    out->src[1] = scale;
     return out;
 }
 

@@ -44,10 +44,12 @@ GGML_API struct ggml_tensor * ggml_si_count(struct ggml_context * ctx, struct gg
 // neurons, stored first), then the n_dynamic non-static rows with the highest score(counts),
 // ties to the lower row (stored in ranking order, so the better-ranked neuron); ascending.
 // score: the counts themselves, or |act(x)| of gate values x (a decode step's per-token choice,
-// the activation applied in the op: si_rule::score_of).
+// the activation applied in the op: si_rule::score_of), times scale[i] of non-static row
+// n_static + i where scale [n_load - n_static] F32 is given (NULL: 1; a step weighs each
+// neuron's gate by its up projection's root mean square, si_rule::scaled_score).
 enum ggml_si_score { GGML_SI_SCORE_VALUE = 0, GGML_SI_SCORE_ABS_SILU = 1, GGML_SI_SCORE_ABS_GELU = 2 };
 GGML_API struct ggml_tensor * ggml_si_select(struct ggml_context * ctx, struct ggml_tensor * counts, int n_static,
-                                             int n_dynamic, enum ggml_si_score score);
+                                             int n_dynamic, enum ggml_si_score score, struct ggml_tensor * scale);
 
 // The node the model loader asks each device about for a weight that op (GGML_OP_SI_MUL_ROWS or
 // _ROWS_T) reads (llama.cpp's weight_buft_supported, ggml-patches/0007): a gathered weight is

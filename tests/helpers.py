@@ -234,5 +234,20 @@ def file_dropped_means(path, n_select: dict[int, int]) -> dict[int, "np.ndarray"
         if f"selectinfer.gate_mean.{il}" in fields:
             means = {"gate_mean": np.asarray(fields[f"selectinfer.gate_mean.{il}"][1])[n_static:],
                      "up_mean": np.asarray(fields[f"selectinfer.up_mean.{il}"][1])[n_static:]}
-        out[il] = reference_dropped_means(rms, slope, n_select[il] - n_static, act, **means)
+        out[il] = reference_dropped_means(rms, slope, n_select[il] - n_static, act, **means,
+                                          up_rms=file_step_weights(path).get(il))
+    return out
+
+
+def file_step_weights(path) -> dict[int, "np.ndarray"]:
+    """Each SelectInfer layer's weight of a gathered neuron's score in a decode step's choice: the
+    file's up root mean squares (read with gguf-py); {} for a file without them."""
+    import numpy as np
+
+    fields = gguf_fields(path)
+    out = {}
+    for il, n_static in zip(fields["selectinfer.layers"][1], fields["selectinfer.static_counts"][1]):
+        if f"selectinfer.up_rms.{il}" not in fields:
+            return {}
+        out[il] = np.asarray(fields[f"selectinfer.up_rms.{il}"][1], dtype=np.float64)[n_static:]
     return out

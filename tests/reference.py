@@ -247,11 +247,11 @@ def reference_layer_budgets(layers: list[tuple[int, int, float, list[float]]], p
 
 
 def reference_dropped_means(gate_rms, up_slope, n_kept: int, act=silu, gate_mean=None, up_mean=None,
-                            grid=(8.0, 16001)) -> np.ndarray:
+                            grid=(8.0, 16001), up_rms=None) -> np.ndarray:
     """E[act(g) u | neuron dropped] per neuron (cpp/compensation.h) with g ~ N(mu_g, sigma^2),
     sigma^2 = gate_rms^2 - mu_g^2, E[u | g] = mu_u + b (g - mu_g), b = (up_slope gate_rms^2 - mu_g mu_u)
-    / sigma^2 (means 0 when not given), and a neuron dropped where |act(g)| is under the one
-    threshold that keeps n_kept neurons on average: the threshold from every (neuron, grid point)
+    / sigma^2 (means 0 when not given), and a neuron dropped where |act(g)| (times up_rms, when
+    given) is under the one threshold that keeps n_kept neurons on average: the threshold from every (neuron, grid point)
     sorted by score (by default a finer grid than the engine's: 16001 points on [-8, 8]; `grid` =
     (z_max, points))."""
     z = np.linspace(-grid[0], grid[0], grid[1])
@@ -266,6 +266,8 @@ def reference_dropped_means(gate_rms, up_slope, n_kept: int, act=silu, gate_mean
     centered = np.sqrt(variance)[:, None] * z[None, :]
     gate = mu_g[:, None] + centered
     score = np.abs(act(gate))
+    if up_rms is not None:
+        score = score * np.asarray(up_rms, dtype=np.float64)[:, None]
     order = np.argsort(-score, axis=None, kind="stable")
     kept_mass = np.cumsum(np.broadcast_to(weight, score.shape).ravel()[order])
     theta = score.ravel()[order[np.searchsorted(kept_mass, n_kept)]] if 0 < n_kept < len(gate) else (

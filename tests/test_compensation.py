@@ -53,6 +53,50 @@ def test_dropped_means_are_what_steps_drop(activation):
 
 
 @pytest.mark.parametrize("activation", ["silu", "gelu"])
+@pytest.mark.parametrize("n_kept", [1, 17, 40])
+def test_dropped_means_weighted_by_up_rms_match_reference(activation, n_kept):
+    # a step that ranks |act(g)| times each neuron's up rms: the one threshold is on that score
+    rng = np.random.default_rng(200 + n_kept)
+    rms = rng.uniform(0.05, 4.0, 64).astype(np.float32)
+    slope = rng.normal(0.0, 1.0, 64).astype(np.float32)
+    up_rms = rng.uniform(0.1, 5.0, 64).astype(np.float32)
+    got = np.array(_native.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation, up_rms=up_rms.tolist()))
+    want = reference_dropped_means(rms, slope, n_kept, ACTS[activation], up_rms=up_rms)
+    scale = max(np.abs(want).max(), 1e-6)
+    assert np.abs(got - want).max() < 3e-2 * scale, (got, want)
+    unweighted = reference_dropped_means(rms, slope, n_kept, ACTS[activation])
+    assert np.abs(unweighted - want).max() > 0.2 * scale  # the weights move the threshold per neuron
+    np.testing.assert_array_equal(  # weights of 1 are no weights, to the bit
+        _native.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation, up_rms=[1.0] * 64),
+        _native.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation))
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu"])
+def test_weighted_dropped_means_are_what_steps_drop(activation):
+    """Simulated steps that keep the n_kept neurons with the largest |act(g)| times up's rms."""
+    rng = np.random.default_rng(8)
+    n, n_kept, n_tokens = 300, 100, 20_000
+    rms = rng.uniform(0.3, 3.0, n)
+    slope = rng.normal(0.0, 1.0, n)
+    g = rng.standard_normal((n_tokens, n)) * rms
+    u = slope * g + rng.standard_normal((n_tokens, n))
+    up_rms = np.sqrt((u * u).mean(0))
+    a = ACTS[activation](g) * u
+    score = np.abs(ACTS[activation](g)) * up_rms
+    kept = np.zeros_like(score, dtype=bool)
+    np.put_along_axis(kept, np.argpartition(-score, n_kept - 1, axis=1)[:, :n_kept], True, axis=1)
+    often = (~kept).sum(0) > 500  # neurons dropped often enough to measure
+    simulated = (a * ~kept).sum(0)[often] / (~kept).sum(0)[often]
+    got = np.array(_native.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation,
+                                         up_rms=up_rms.tolist()))[often]
+    assert often.sum() > 150
+    assert np.corrcoef(got, simulated)[0, 1] > 0.99
+    # (a heavily weighted neuron is dropped only in a narrow band of its gate, few grid points wide)
+    scale = np.abs(simulated).max()
+    assert np.abs(got - simulated).max() < 0.1 * scale and np.abs(got - simulated).mean() < 0.02 * scale
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu"])
 @pytest.mark.parametrize("n_kept", [0, 9, 31, 48])
 def test_dropped_means_with_means_match_reference(activation, n_kept):
     rng = np.random.default_rng(100 + n_kept)
@@ -110,7 +154,7 @@ def test_dropped_means_with_means_are_what_steps_drop(activation):
 
 
 def test_dropped_means_refuse_bad_arguments():
-    with pytest.raises(ValueError, match=r"one slope \(and mean\) per neuron"):
+    with pytest.raises(ValueError, match=r"one slope \(and mean, up rms\) per neuron"):
         _native.dropped_means([1.0, 1.0], [1.0], 1, "silu")
     with pytest.raises(ValueError, match="n_kept <= neurons"):
         _native.dropped_means([1.0], [1.0], 2, "silu")
@@ -120,19 +164,22 @@ def test_dropped_means_refuse_bad_arguments():
         _native.dropped_means([1.0], [1.0], 0, "relu")
     with pytest.raises(ValueError, match="and mean"):
         _native.dropped_means([1.0, 1.0], [1.0, 1.0], 1, "silu", [0.5], [0.5, 0.5])
+    with pytest.raises(ValueError, match="up rms"):
+        _native.dropped_means([1.0, 1.0], [1.0, 1.0], 1, "silu", up_rms=[1.0])
 
 
 def test_gate_stats_match_numpy():
-    """sqrt(E[g^2]) and E[g u] / E[g^2] over inputs whose second moment is the given one."""
+    """sqrt(E[g^2]), E[g u] / E[g^2] and sqrt(E[u^2]) over inputs whose second moment is the given one."""
     rng = np.random.default_rng(3)
     h = rng.standard_normal((5000, 24)) @ rng.normal(0, 1, (24, 24))
     moments = h.T @ h / len(h)
     gate, up = rng.normal(0, 1, (10, 24)), rng.normal(0, 1, (10, 24))
     gate[3] = 0.0
-    rms, slope = gate_stats(gate, up, moments)
+    rms, slope, up_rms = gate_stats(gate, up, moments)
     g, u = h @ gate.T, h @ up.T
-    assert rms.dtype == np.float32 and slope.dtype == np.float32
+    assert rms.dtype == np.float32 and slope.dtype == np.float32 and up_rms.dtype == np.float32
     np.testing.assert_allclose(rms, np.sqrt((g * g).mean(0)), rtol=1e-5)
+    np.testing.assert_allclose(up_rms, np.sqrt((u * u).mean(0)), rtol=1e-5)
     want = np.divide((g * u).mean(0), (g * g).mean(0), out=np.zeros(10), where=rms > 0)
     np.testing.assert_allclose(slope, want, rtol=1e-4, atol=1e-6)
     assert rms[3] == 0.0 and slope[3] == 0.0

@@ -472,8 +472,8 @@ def test_predictor_tensors_names_shapes_and_types(models, tmp_path):
 @pytest.mark.parametrize("weight_type", ["F32", "Q8_0"])
 def test_gate_statistics_from_the_profile_moments(models, tmp_path, weight_type):
     """A profile with input moments gives every loaded neuron of a sparsified layer, in file order,
-    sqrt(w_g C w_g^T) and (w_g C w_u^T) / (w_g C w_g^T) from its source rows (dequantized); a
-    profile without them, none."""
+    sqrt(w_g C w_g^T), (w_g C w_u^T) / (w_g C w_g^T) and sqrt(w_u C w_u^T) from its source rows
+    (dequantized); a profile without them, none."""
     src = models("tiny-llama", weight_type)
     prof = moments_profile(src, tmp_path / "p.safetensors")
     moments = Profile.load(prof).input_moments.astype(np.float64)
@@ -486,15 +486,20 @@ def test_gate_statistics_from_the_profile_moments(models, tmp_path, weight_type)
         gate, up = weights[f"blk.{il}.ffn_gate.weight"][ids], weights[f"blk.{il}.ffn_up.weight"][ids]
         mean_square = np.einsum("ij,jk,ik->i", gate, moments[il], gate)
         slope = np.einsum("ij,jk,ik->i", gate, moments[il], up) / mean_square
-        for key, want in ((f"selectinfer.gate_rms.{il}", np.sqrt(mean_square)), (f"selectinfer.up_slope.{il}", slope)):
+        up_rms = np.sqrt(np.einsum("ij,jk,ik->i", up, moments[il], up))
+        for key, want in ((f"selectinfer.gate_rms.{il}", np.sqrt(mean_square)), (f"selectinfer.up_slope.{il}", slope),
+                          (f"selectinfer.up_rms.{il}", up_rms)):
             assert r.get_field(key).types[-1] == GGUFValueType.FLOAT32
             np.testing.assert_allclose(np.asarray(field(r, key)), want, rtol=1e-4)
     plain = tmp_path / "plain.gguf"
     convert(src, plain, profile=moments_profile(src, tmp_path / "old.safetensors", None), task="qa", load_ratio=0.75,
             static_ratio=0.25, layers="1:3", progress=False)
-    assert not any(k.startswith(("selectinfer.gate_rms", "selectinfer.up_slope")) for k in gguf_fields(plain))
+    assert not any(k.startswith(("selectinfer.gate_rms", "selectinfer.up_slope", "selectinfer.up_rms"))
+                   for k in gguf_fields(plain))
     assert not any(k.startswith("selectinfer.gate_mean") for k in gguf_fields(out))  # (no means in that profile)
     assert "compensation  gate statistics:" in inspect(out) and "compensation  none" in inspect(plain)
+    assert "step choice   |act(gate)| times each neuron's up rms" in inspect(out)
+    assert "step choice   |act(gate)| (gate-guided" in inspect(plain)
 
 
 def test_gate_means_from_the_profile_means(models, tmp_path):

@@ -3,7 +3,7 @@ decode against the reference with the same masks, phi = gamma against dense-over
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader
-from helpers import file_budget_inputs, file_dropped_means, make_predicted_si_model, make_si_model
+from helpers import file_budget_inputs, file_dropped_means, file_step_weights, make_predicted_si_model, make_si_model
 from reference import (ReferenceModel, reference_layer_budgets, reference_select, reference_sum_magnitude,
                        reference_uniform_size)
 
@@ -301,14 +301,16 @@ def expected_counts(path, phi: float, strategy: str | None, layer_budgets: str) 
     return dict(zip(layers, sizes))
 
 
-def check_step_chosen(path, strategy, score_of, layer_budgets="uniform", compensate=None):
+def check_step_chosen(path, strategy, score_of, layer_budgets="uniform", compensate=None, weighted=True):
     """Decode steps of `strategy` against forward_step_chosen (phi 0.4, gamma 0.75, delta 0.25,
-    layers 1..2; each layer's count by the reference's budgets; the dropped neurons compensated by
-    the reference's means where the file has gate statistics and compensate is not False):
-    returns the logits."""
+    layers 1..2; each layer's count by the reference's budgets; each neuron's score weighted by its
+    up root mean square where the file has them (and weighted); the dropped neurons compensated by the
+    reference's means where the file has gate statistics and compensate is not False): returns the
+    logits."""
     ref = ReferenceModel.load(path)
     n_static, n_select = round(0.25 * 256), expected_counts(path, 0.4, strategy, layer_budgets)
     dropped = file_dropped_means(path, n_select) if compensate is not False else {}
+    weights = file_step_weights(path) if weighted else {}
     with Model(path, n_ctx=128, strategy=strategy, compute_ratio=0.4, layer_budgets=layer_budgets,
                compensate=compensate) as m:
         assert m.computed_counts() == n_select
@@ -317,7 +319,8 @@ def check_step_chosen(path, strategy, score_of, layer_budgets="uniform", compens
             prompt = m.tokenize(text)
             tokens, logits = decode(m, prompt, 4)
             ref_logits, margin = forward_step_chosen(ref, prompt + tokens, len(prompt), n_static, n_select,
-                                                     lambda il, h, gate: score_of(ref, il, h, gate, n_static), dropped)
+                                                     lambda il, h, gate: score_of(ref, il, h, gate, n_static) *
+                                                     weights.get(il, 1.0), dropped)
             if margin > 2e-5:  # no float-level near-tie at any step's boundary
                 break
         else:
@@ -429,6 +432,19 @@ def test_gate_guided_with_compensation_matches_reference(predicted_si_model):
     """A file with gate statistics compensates by default: each step's dropped gathered neurons
     count with the reference's expected activation (cpp/compensation.h)."""
     check_step_chosen(predicted_si_model, "gate-guided", gate_score)
+
+
+@pytest.mark.parametrize("strategy,score_of", [("gate-guided", gate_score), ("predicted", predicted_score)],
+                         ids=["gate-guided", "predicted"])
+def test_step_choice_weighs_each_gate_by_up_rms(predicted_si_model, strategy, score_of):
+    """A file converted from a profile with input moments holds each loaded neuron's up root mean
+    square, and a step ranks its gathered neurons by the score times it (a neuron's output scales
+    with its up): the engine matches the weighted reference, and the unweighted one differs."""
+    weights = file_step_weights(predicted_si_model)
+    assert set(weights) == {1, 2} and all(np.all(w > 0) and w.std() > 0 for w in weights.values())
+    check_step_chosen(predicted_si_model, strategy, score_of, compensate=False)
+    with pytest.raises(AssertionError):
+        check_step_chosen(predicted_si_model, strategy, score_of, compensate=False, weighted=False)
 
 
 def test_compensation_off_matches_reference(predicted_si_model, monkeypatch):

@@ -133,6 +133,7 @@ def test_good_neuron_shares_give_per_layer_budgets(si_parts, tmp_path):
 GOOD_RMS, GOOD_SLOPE = [1.0] * 192, [0.5] * 192
 MEANS = [0.25] * 192
 BOTH_MEANS = {f"{name}__{il}": MEANS for il in (1, 2) for name in ("gate_mean", "up_mean")}
+BOTH_RMS = {f"up_rms__{il}": GOOD_RMS for il in (1, 2)}
 
 
 @pytest.mark.parametrize("changes,message", [
@@ -153,6 +154,12 @@ BOTH_MEANS = {f"{name}__{il}": MEANS for il in (1, 2) for name in ("gate_mean", 
     ({**BOTH_MEANS, "up_mean__1": [float("nan")] + MEANS[1:]}, r"selectinfer.up_mean.1 holds -?nan, not a finite mean"),
     ({**BOTH_MEANS, "gate_mean__1": MEANS[:-1]}, r"selectinfer.gate_mean.1 has 191 values for the 192 neurons of layer 1"),
     ({**BOTH_MEANS, "gate_rms__2": None, "up_slope__2": None}, r"selectinfer.gate_mean.2 is present but selectinfer.gate_rms.2 is not"),
+    # the optional up root mean squares (a step's weights)
+    ({"up_rms__1": GOOD_RMS}, r"selectinfer.up_rms.2 is missing, but other layers have their up root mean squares"),
+    ({**BOTH_RMS, "up_rms__2": [-0.5] + GOOD_RMS[1:]}, r"selectinfer.up_rms.2 holds -0.50*, not a finite root mean square >= 0"),
+    ({**BOTH_RMS, "up_rms__1": [float("nan")] + GOOD_RMS[1:]}, r"selectinfer.up_rms.1 holds -?nan, not a finite root mean square"),
+    ({**BOTH_RMS, "up_rms__1": GOOD_RMS + [1.0]}, r"selectinfer.up_rms.1 has 193 values for the 192 neurons of layer 1"),
+    ({**BOTH_RMS, "gate_rms__2": None, "up_slope__2": None}, r"selectinfer.up_rms.2 is present but selectinfer.gate_rms.2 is not"),
 ])
 def test_bad_gate_statistics_are_refused(si_parts, tmp_path, changes, message):
     _, fields, tensors = si_parts
@@ -177,6 +184,10 @@ def test_good_gate_statistics_turn_compensation_on(si_parts, tmp_path):
     with Model(write_gguf(tmp_path / "means.gguf", with_means, tensors), n_ctx=64, strategy="gate-guided") as m:
         assert m.selection_config()["compensate"] is True
         assert len(m.generate("the capital of", max_tokens=3, temperature=0)) > 0
+    with_up_rms = with_fields(good, **{f"selectinfer__{key}": arr(values, V.FLOAT32) for key, values in BOTH_RMS.items()})
+    for strategy in ("gate-guided", "frequency"):
+        with Model(write_gguf(tmp_path / "up_rms.gguf", with_up_rms, tensors), n_ctx=64, strategy=strategy) as m:
+            assert len(m.generate("the capital of", max_tokens=3, temperature=0)) > 0
 
 
 def test_ffn_down_t_without_metadata_is_refused(si_parts, tmp_path):
@@ -302,14 +313,14 @@ def test_the_reader_and_the_writer_agree_on_the_keys(si_parts):
     from pathlib import Path
 
     from selectinfer.convert import (GATE_MEAN_KEY, GATE_RMS_KEY, NEURON_SHARES_KEY, SI_FORMAT_VERSION, UP_MEAN_KEY,
-                                     UP_SLOPE_KEY)
+                                     UP_RMS_KEY, UP_SLOPE_KEY)
 
     source = (Path(__file__).resolve().parent.parent / "cpp" / "si_gguf.cpp").read_text()
     keys = re.findall(r'constexpr const char \* k\w+ += "(selectinfer\.[\w.]+)"', source)
     _, fields, _ = si_parts
     assert len(keys) >= 10
     # written only from a profile (its ranking; its input moments), which this random-ranked file lacks
-    optional = (NEURON_SHARES_KEY, GATE_RMS_KEY, UP_SLOPE_KEY, GATE_MEAN_KEY, UP_MEAN_KEY)
+    optional = (NEURON_SHARES_KEY, GATE_RMS_KEY, UP_SLOPE_KEY, GATE_MEAN_KEY, UP_MEAN_KEY, UP_RMS_KEY)
     assert all(key in keys for key in optional)
     for key in (k for k in keys if k not in optional):
         if key.endswith("."):  # per-layer keys: selectinfer.neuron_ids.<layer>

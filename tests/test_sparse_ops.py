@@ -152,8 +152,9 @@ def run_count(act, alpha, by_magnitude, n_threads, prev=None):
                    (act.shape[1],))
 
 
-def run_select(counts, n_static, n_dynamic, score=0, n_threads=1):
-    raw = _native.run_sparse_op("select", [f32(counts)], n_threads, n_static, n_dynamic, score=score)
+def run_select(counts, n_static, n_dynamic, score=0, n_threads=1, scale=None):
+    inputs = [f32(counts)] + ([f32(scale)] if scale is not None else [])
+    raw = _native.run_sparse_op("select", inputs, n_threads, n_static, n_dynamic, score=score)
     return np.frombuffer(raw, dtype=np.int32).tolist()
 
 
@@ -228,9 +229,11 @@ def test_select_by_activation_magnitude_matches_reference(score, act, n_static, 
 @pytest.mark.parametrize("score,act", [(0, None), (1, silu), (2, gelu)])
 @pytest.mark.parametrize("n_static,n_dynamic", [(0, 1), (64, 700), (37, 2000), (0, 4099)])
 @pytest.mark.parametrize("n_threads", [1, 3])  # threads score a range of candidates each, one chooses
-def test_select_many_neurons_matches_reference(score, act, n_static, n_dynamic, n_threads):
+@pytest.mark.parametrize("scaled", [False, True])
+def test_select_many_neurons_matches_reference(score, act, n_static, n_dynamic, n_threads, scaled):
     # a real layer's width: a prompt's votes (few distinct values, each many times) or a decode
-    # step's gate values, a NaN, and a neuron count that is not a multiple of sixteen
+    # step's gate values, a NaN, and a neuron count that is not a multiple of sixteen; scaled: each
+    # non-static neuron's score times its scale (a step's up weights; one of them 0)
     rng = np.random.default_rng(12)
     if act is None:
         values = rng.integers(0, 65, 4099).astype(np.float32)
@@ -239,9 +242,18 @@ def test_select_many_neurons_matches_reference(score, act, n_static, n_dynamic, 
         values = (3 * rng.standard_normal(4099)).astype(np.float32)
         values[[5, 2000]] = np.nan
         scores = np.abs(act(values.astype(np.float64)))
-        scores[np.isnan(scores)] = -np.inf
+    scale = None
+    if scaled:
+        scale = rng.uniform(0.1, 3.0, 4099 - n_static).astype(np.float32)
+        scale[7] = 0.0
+        scores[n_static:] = (scores[n_static:].astype(np.float32) * scale).astype(np.float64)  # as the op rounds
+    scores[np.isnan(scores)] = -np.inf
     n_dynamic = min(n_dynamic, 4099 - n_static)
-    assert run_select(values, n_static, n_dynamic, score, n_threads) == reference_choose(scores, n_static, n_dynamic)
+    expected = reference_choose(scores, n_static, n_dynamic)
+    if scaled and act is not None and n_dynamic == 700:  # the scale changes the choice
+        assert expected != reference_choose(np.nan_to_num(np.abs(act(values.astype(np.float64))), nan=-np.inf),
+                                            n_static, n_dynamic)
+    assert run_select(values, n_static, n_dynamic, score, n_threads, scale) == expected
 
 
 def test_batches_add_up_to_the_prompts_selection():

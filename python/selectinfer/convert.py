@@ -31,8 +31,9 @@ inputs: W C^{1/2} = U S V^T, pred_in = V_R^T C^{-1/2} (`blk.N.ffn_gate_pred_in`,
 pred_out = U_R S_R (`blk.N.ffn_gate_pred_out`, ne [R, n_gathered]); in the gate's type as ffn_down_t
 is (predictor_type), right after the layer's FFN tensors; `selectinfer.predictor_rank` holds R.
 A profile with input moments also gives every loaded neuron's gate statistics (gate_stats:
-`selectinfer.gate_rms.N`, `selectinfer.up_slope.N`, F32, file order), which the engine's
-dropped-neuron compensation needs.
+`selectinfer.gate_rms.N`, `selectinfer.up_slope.N`, `selectinfer.up_rms.N`, F32, file order), which
+the engine's dropped-neuron compensation needs, and by which (up_rms) the strategies that choose per
+decode step weigh each neuron's |act(gate)|.
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ GATE_RMS_KEY = "selectinfer.gate_rms."  # + layer; from a profile with input mom
 UP_SLOPE_KEY = "selectinfer.up_slope."  # + layer; with GATE_RMS_KEY
 GATE_MEAN_KEY = "selectinfer.gate_mean."  # + layer; with GATE_RMS_KEY, from a profile with input means (gate_means)
 UP_MEAN_KEY = "selectinfer.up_mean."  # + layer; with GATE_MEAN_KEY
+UP_RMS_KEY = "selectinfer.up_rms."  # + layer; with GATE_RMS_KEY
 PREDICTOR_RANK_STEP = 32  # Q8_0 blocks: the rank is the row length of pred_out
 # run-time defaults written into the file (the authors' reference values): phi and alpha
 DEFAULT_COMPUTE_RATIO = 0.4
@@ -352,16 +354,19 @@ def gate_predictor(gate: np.ndarray, moments: np.ndarray, rank: int) -> tuple[np
     return vt[:rank] @ c_inv_half, u[:, :rank] * s[:rank]
 
 
-def gate_stats(gate: np.ndarray, up: np.ndarray, moments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(gate_rms, up_slope) per neuron, float32, from its gate and up rows [n, n_embd] and E[h h^T]:
-    sqrt(E[g^2]) and E[g u] / E[g^2] (0 for a gate that is always 0), what the engine's dropped-neuron
-    compensation models a neuron by (cpp/compensation.h)."""
+def gate_stats(gate: np.ndarray, up: np.ndarray, moments: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(gate_rms, up_slope, up_rms) per neuron, float32, from its gate and up rows [n, n_embd] and
+    E[h h^T]: sqrt(E[g^2]), E[g u] / E[g^2] (0 for a gate that is always 0) and sqrt(E[u^2]), what the
+    engine's dropped-neuron compensation models a neuron by (cpp/compensation.h) and the weight of
+    its gate in a step's choice (a neuron's output scales with its up)."""
     gate, up = np.asarray(gate, dtype=np.float64), np.asarray(up, dtype=np.float64)
-    gate_c = gate @ np.asarray(moments, dtype=np.float64)
+    moments = np.asarray(moments, dtype=np.float64)
+    gate_c = gate @ moments
     mean_square = np.maximum(np.einsum("ij,ij->i", gate_c, gate), 0.0)
     cross = np.einsum("ij,ij->i", gate_c, up)
     slope = np.divide(cross, mean_square, out=np.zeros_like(cross), where=mean_square > 0)
-    return np.sqrt(mean_square).astype(np.float32), slope.astype(np.float32)
+    up_square = np.maximum(np.einsum("ij,ij->i", up @ moments, up), 0.0)
+    return np.sqrt(mean_square).astype(np.float32), slope.astype(np.float32), np.sqrt(up_square).astype(np.float32)
 
 
 def gate_means(gate: np.ndarray, up: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -378,8 +383,9 @@ def _gate_stats_keys(src: SourceGGUF, plans: dict[int, LayerPlan], moments: np.n
     for il, plan in plans.items():
         gate = _dequantized_rows(src, by_name[f"blk.{il}.ffn_gate.weight"], plan.neuron_ids)
         up = _dequantized_rows(src, by_name[f"blk.{il}.ffn_up.weight"], plan.neuron_ids)
-        rms, slope = gate_stats(gate, up, moments[il])
-        keys += [(f"{GATE_RMS_KEY}{il}", "arr_f32", rms.tolist()), (f"{UP_SLOPE_KEY}{il}", "arr_f32", slope.tolist())]
+        rms, slope, up_rms = gate_stats(gate, up, moments[il])
+        keys += [(f"{GATE_RMS_KEY}{il}", "arr_f32", rms.tolist()), (f"{UP_SLOPE_KEY}{il}", "arr_f32", slope.tolist()),
+                 (f"{UP_RMS_KEY}{il}", "arr_f32", up_rms.tolist())]
         if means is not None:
             gate_mean, up_mean = gate_means(gate, up, means[il])
             gate_mean = np.clip(gate_mean, -rms, rms)  # |E[g]| <= sqrt(E[g^2]), also after rounding
@@ -716,6 +722,8 @@ def inspect(path: str | os.PathLike) -> str:
                            ": gate-guided and predicted add the dropped neurons' expected output"
                            if src.get(f"{GATE_RMS_KEY}{layers[0]}") is not None
                            else " none (no gate statistics: convert from a profile with input moments)"),
+        "step choice   " + ("|act(gate)| times each neuron's up rms (gate-guided, predicted)"
+                            if src.get(f"{UP_RMS_KEY}{layers[0]}") is not None else "|act(gate)| (gate-guided, predicted)"),
         "layer  width  static  profiled mass loaded",
     ]
     for il in range(n_layer):
