@@ -1,7 +1,8 @@
 // CPU kernels of selectinfer's ops (compiled into ggml-cpu).
 //   mul_rows    one token, float weights: eight rows at a time with loops converting in
 //               registers; Q4_0, Q4_1, Q8_0 and the K-quants on x86 with AVX2: eight rows at a
-//               time in integers (x quantized once to int8); otherwise ggml's own vec_dot for
+//               time in integers (x quantized once to int8; Q4_0 and Q4_1 with AVX-512 VNNI four
+//               blocks of a row per vector); otherwise ggml's own vec_dot for
 //               the weight type, row by row (x converted once to the type's vec_dot_type), like
 //               upstream's mul_mat.
 //               several tokens: quantized and BF16 rows on AMX bf16 tiles where the CPU has

@@ -122,6 +122,22 @@ def test_block_loops_at_every_level(builds, type_name):
             assert (error ** 2).mean() <= 1e-4 * (expected_dots ** 2).mean(), f"{level}: (mean square)"
 
 
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("n_blocks", [1, 2, 3, 5, 6, 7, 18])
+def test_rows_dotted_in_integers_over_any_block_count(builds, type_name, n_blocks):
+    # AVX-512 VNNI dots four blocks per vector: a row's last group may hold one to three
+    rng = np.random.default_rng(10 + n_blocks)
+    n_rows, n_cols = 11, 32 * n_blocks
+    raw, stored = stored_rows(type_name, rng.standard_normal((n_rows, n_cols)).astype(np.float32))
+    x = rng.standard_normal(n_cols)
+    expected = stored @ x
+    for level, program in builds.items():
+        run = run_level(program, type_name, raw.tobytes(), n_rows, n_cols, np.zeros(n_rows), x)
+        error = np.abs(run.int_dots - expected)
+        assert error.max() <= 2e-2 * np.abs(expected).max(), level
+        assert (error ** 2).mean() <= 1e-4 * (expected ** 2).mean(), level
+
+
 @pytest.mark.parametrize("type_name", sorted(INT_TYPES))
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_rows_added_with_a_non_finite_factor(builds, type_name, bad):
