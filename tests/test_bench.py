@@ -92,3 +92,26 @@ def test_bench_json_has_the_table_numbers(models, selectinfer_cmd, tmp_path):
         assert abs(r["share_of_ideal"] - r["decode_vs_first"] / r["bytes_read_ideal"]) < 1e-9
     # the table printed from the same results
     assert f"{results[2]['decode_tokens_per_s']:.1f}" in proc.stdout
+
+
+def test_the_strategy_comparison_runs_both_at_the_same_bytes(models, tmp_path, capsys):
+    pytest.importorskip("safetensors.numpy", reason="safetensors' extension does not load on this interpreter",
+                        exc_type=ImportError)
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_strategies", Path(__file__).resolve().parents[1] / "scripts" / "bench_strategies.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    _, method = models
+    step = make_predicted_si_model(tmp_path, seed=5, layers="1:3")
+    target = bytes_read_per_token(method, 0.5, "frequency")
+    phi = script.phi_reading(str(step), "predicted", target)
+    # the largest phi (in thousandths) that reads no more than the method
+    assert bytes_read_per_token(step, phi, "predicted") <= target < bytes_read_per_token(step, phi + 0.001, "predicted")
+    script.main(["--method", str(method), "--file", str(step), "--phis", "0.5", "-p", "8", "-n", "4", "-r", "1",
+                 "-t", "1"])
+    out = capsys.readouterr().out
+    assert f"predicted phi {phi} / frequency phi 0.5: decode " in out
+    assert float(out.rsplit("decode ", 1)[1]) > 0
