@@ -838,6 +838,20 @@ template <ggml_type T> struct AddRows {
         constexpr bool with_min = T == GGML_TYPE_Q4_1;
         constexpr int64_t bytes = block_bytes<T>;
         float w[ADD_GROUP][8] = {}, offset[8] = {};
+#if defined(SI_INT_DOTS_512)
+        // a row's d (and Q4_1's m) of its nb blocks in one gather: converting them one by one took
+        // more time than the integer sums (Xeon with AMX, 576-wide Q4_1 rows)
+        const __m256i starts = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int) bytes));
+        const __mmask8 present = (__mmask8) ((1u << nb) - 1);
+        __m256 mins = _mm256_setzero_ps();
+        for (int k = 0; k < nr; ++k) {
+            const __m256i dm = _mm256_mmask_i32gather_epi32(_mm256_setzero_si256(), present, starts, rows[k] + bytes * b0, 1);
+            const __m256 vk = _mm256_set1_ps(v[k]);
+            _mm256_storeu_ps(w[k], _mm256_mul_ps(vk, _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dm))));
+            if constexpr (with_min) mins = _mm256_fmadd_ps(vk, _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(dm, 16))), mins);
+        }
+        _mm256_storeu_ps(offset, mins);
+#else
         for (int k = 0; k < nr; ++k) {
             const uint8_t * blk = (const uint8_t *) rows[k] + bytes * b0;
             for (int i = 0; i < nb; ++i) {
@@ -845,6 +859,7 @@ template <ggml_type T> struct AddRows {
                 if constexpr (with_min) offset[i] += v[k] * fp16(blk + bytes * i + 2);
             }
         }
+#endif
         IntFactors f;
         if (!quantize_factors(w, nr, f)) return false;
         // Q8_0: d * q; Q4_0: d * (u - 8), 8 its zero point; Q4_1: d * u + m, u - 8 in integers, 8 * d * v exact
@@ -852,12 +867,78 @@ template <ggml_type T> struct AddRows {
         if constexpr (with_min) {
             for (int i = 0; i < nb; ++i) offset[i] += 8.0f * f.sum_f[i];
         }
+#if defined(SI_INT_DOTS_512)
+        add_int_blocks_512(rows, nr, b0, nb, f, offset, y);
+#else
         for (int i = 0; i < nb; ++i) {
             auto u = [&](int k) { return int_block_u<T>((const uint8_t *) rows[k] + bytes * (b0 + i) + (with_min ? 4 : 2), 0); };
             const float offsets[2] = {offset[i], offset[i]};
             add_int_block<T>(u, nr, i, i, f, center, offsets, y + 32 * i);
         }
+#endif
         return true;
+    }
+#endif
+
+#if defined(SI_INT_ROWS) && defined(SI_INT_DOTS_512)
+    // Two blocks of a row as unsigned bytes in one vector, 128-bit lanes: block a's values 0..15,
+    // 16..31, then block b's (Q8_0: q + 128, its center 128 instead of 0).
+    static __m512i block_pair_u(const char * a, const char * b) {
+        if constexpr (T == GGML_TYPE_Q8_0) {
+            const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) a)),
+                                                 _mm256_loadu_si256((const __m256i *) b), 1);
+            return _mm512_xor_si512(x, _mm512_set1_epi8((char) 0x80));
+        } else {
+            const __m512i x = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) a))),
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) b)), 1);
+            return _mm512_and_si512(_mm512_srlv_epi64(x, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0)), _mm512_set1_epi8(0x0F));
+        }
+    }
+
+    // add_blocks_int's sums with AVX-512 VNNI: two blocks per vector, four rows per dpbusd (their
+    // bytes interleaved, the four int8 factors of a block in each 32-bit lane), summed in 32 bits
+    // (at most 16 * 127 * 255), so no 16-bit flushes; one 4x4 transpose of 128-bit lanes per block
+    // pair puts the values back in order. y gets S * sum_k W_k (u_k - c) + offset, as add_int_block.
+    static void add_int_blocks_512(const char * const * rows, int nr, int64_t b0, int nb, const IntFactors & f,
+                                   const float * offset, float * y) {
+        constexpr int64_t bytes = block_bytes<T>;
+        constexpr int at = T == GGML_TYPE_Q4_1 ? 4 : 2, center = T == GGML_TYPE_Q8_0 ? 128 : 8;
+        const char * r[ADD_GROUP];
+        for (int k = 0; k < ADD_GROUP; ++k) r[k] = rows[k < nr ? k : 0];  // a missing row's factor is 0
+        // rows 4q..4q+3's int8 factors of piece p in one 32-bit lane
+        auto quad = [&](int q, int p) {
+            return (int32_t) (((uint32_t) f.pair[2 * q][p] & 0xFFFFu) | ((uint32_t) f.pair[2 * q + 1][p] << 16));
+        };
+        for (int i = 0; i < nb; i += 2) {
+            const int i2 = i + 1 < nb ? i + 1 : i;  // an odd last block pairs with itself; the copy is not stored
+            __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+            for (int q = 0; q < (nr + 3) / 4; ++q) {
+                __m512i u[4];
+                for (int k = 0; k < 4; ++k) {
+                    u[k] = block_pair_u(r[4 * q + k] + bytes * (b0 + i) + at, r[4 * q + k] + bytes * (b0 + i2) + at);
+                }
+                // 32-bit lane t of acc[j], in 128-bit lane L: value 4 j + t of L's sixteen, rows 4q..4q+3
+                const __m512i t0 = _mm512_unpacklo_epi8(u[0], u[1]), t1 = _mm512_unpackhi_epi8(u[0], u[1]);
+                const __m512i t2 = _mm512_unpacklo_epi8(u[2], u[3]), t3 = _mm512_unpackhi_epi8(u[2], u[3]);
+                const __m512i factors = _mm512_mask_set1_epi32(_mm512_set1_epi32(quad(q, i)), 0xFF00, quad(q, i2));
+                acc[0] = _mm512_dpbusd_epi32(acc[0], _mm512_unpacklo_epi16(t0, t2), factors);
+                acc[1] = _mm512_dpbusd_epi32(acc[1], _mm512_unpackhi_epi16(t0, t2), factors);
+                acc[2] = _mm512_dpbusd_epi32(acc[2], _mm512_unpacklo_epi16(t1, t3), factors);
+                acc[3] = _mm512_dpbusd_epi32(acc[3], _mm512_unpackhi_epi16(t1, t3), factors);
+            }
+            const __m512i lo01 = _mm512_shuffle_i32x4(acc[0], acc[1], 0x44), lo23 = _mm512_shuffle_i32x4(acc[2], acc[3], 0x44);
+            const __m512i hi01 = _mm512_shuffle_i32x4(acc[0], acc[1], 0xEE), hi23 = _mm512_shuffle_i32x4(acc[2], acc[3], 0xEE);
+            const __m512i sums[4] = {_mm512_shuffle_i32x4(lo01, lo23, 0x88), _mm512_shuffle_i32x4(lo01, lo23, 0xDD),
+                                     _mm512_shuffle_i32x4(hi01, hi23, 0x88), _mm512_shuffle_i32x4(hi01, hi23, 0xDD)};
+            for (int h = 0; h < (i2 != i ? 4 : 2); ++h) {  // values 0..15, 16..31 of block i, then of i2
+                const int piece = h < 2 ? i : i2;
+                float * out = y + 32 * piece + 16 * (h % 2);
+                const __m512i sum = _mm512_sub_epi32(sums[h], _mm512_set1_epi32(center * f.sum_w[piece]));
+                const __m512 prev = _mm512_add_ps(_mm512_loadu_ps(out), _mm512_set1_ps(offset[piece]));
+                _mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_set1_ps(f.step[piece]), _mm512_cvtepi32_ps(sum), prev));
+            }
+        }
     }
 #endif
 

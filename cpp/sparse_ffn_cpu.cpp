@@ -8,7 +8,8 @@
 //               several tokens: quantized and BF16 rows on AMX bf16 tiles where the CPU has
 //               them; else Q4_0 and Q4_1 on x86 with AVX2 through upstream's repacked GEMM.
 //   mul_rows_t  one token: adds rows sixteen at a time with per-type loops that convert in
-//               registers (block_loops.h), other types row by row;
+//               registers (block_loops.h; Q8_0, Q4_0 and Q4_1 with AVX-512 VNNI four rows per
+//               dpbusd, two blocks per vector), other types row by row;
 //               several tokens: a blocked GEMM over F32 panels of the weight (quantized and
 //               BF16 rows on AMX bf16 tiles where the CPU has them).
 //   count       a prompt batch's votes: threads rank tokens in turn (a radix select per token,

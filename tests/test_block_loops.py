@@ -124,18 +124,23 @@ def test_block_loops_at_every_level(builds, type_name):
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
 @pytest.mark.parametrize("n_blocks", [1, 2, 3, 5, 6, 7, 18])
-def test_rows_dotted_in_integers_over_any_block_count(builds, type_name, n_blocks):
-    # AVX-512 VNNI dots four blocks per vector: a row's last group may hold one to three
+def test_rows_dotted_and_added_in_integers_over_any_block_count(builds, type_name, n_blocks):
+    # AVX-512 VNNI dots four blocks per vector (a row's last group may hold one to three) and adds
+    # two per vector, eight per call (an odd last block alone)
     rng = np.random.default_rng(10 + n_blocks)
-    n_rows, n_cols = 11, 32 * n_blocks
+    n_rows, n_cols = 21, 32 * n_blocks
     raw, stored = stored_rows(type_name, rng.standard_normal((n_rows, n_cols)).astype(np.float32))
-    x = rng.standard_normal(n_cols)
-    expected = stored @ x
+    v, x = rng.standard_normal(n_rows), rng.standard_normal(n_cols)
+    expected_dots, expected_sum = stored @ x, x + v @ stored
+    # x rounded to int8 per block moves each of its values by at most half the block's step
+    half_steps = np.repeat(np.abs(x.reshape(-1, 32)).max(axis=1) / 127 / 2, 32)
+    dot_bound = np.abs(stored) @ half_steps * 1.001 + 1e-5 * np.abs(expected_dots).max()
     for level, program in builds.items():
-        run = run_level(program, type_name, raw.tobytes(), n_rows, n_cols, np.zeros(n_rows), x)
-        error = np.abs(run.int_dots - expected)
-        assert error.max() <= 2e-2 * np.abs(expected).max(), level
-        assert (error ** 2).mean() <= 1e-4 * (expected ** 2).mean(), level
+        run = run_level(program, type_name, raw.tobytes(), n_rows, n_cols, v, x)
+        assert (np.abs(run.int_dots - expected_dots) <= dot_bound).all(), f"{level}: rows dotted"
+        error = np.abs(run.added - expected_sum)  # 8-bit factors: test_block_loops_at_every_level's bounds
+        assert error.max() <= 2e-2 * np.abs(expected_sum).max(), f"{level}: rows added"
+        assert (error ** 2).mean() <= 1e-4 * (expected_sum ** 2).mean(), f"{level}: rows added (mean square)"
 
 
 @pytest.mark.parametrize("type_name", sorted(INT_TYPES))
