@@ -172,6 +172,13 @@ template <ggml_type T> struct IntDots {
     }
 };
 
+// DotRowsInt<T>::arrange_input for a type that has_int_dots.
+template <ggml_type T> struct IntDotsInput {
+    static void run(const Int8Vector & x, int64_t K) {
+        if constexpr (has_int_dots<T>) DotRowsInt<T>::arrange_input(x, K);
+    }
+};
+
 bool has_int_dots_for(ggml_type type) {
     switch (type) {
 #define SI_CASE(T) case GGML_TYPE_##T: return has_int_dots<GGML_TYPE_##T>;
@@ -189,7 +196,10 @@ void mul_rows_int_one_token(const ggml_compute_params * params, ggml_tensor * ds
     const int64_t n = dst->ne[0], K = w->ne[0];
     const int ith = params->ith, nth = params->nth;
     const Int8Vector xq = int8_vector_at(params->wdata, K);
-    if (ith == 0) quantize_int8((const float *) dst->src[1]->data, K, xq);
+    if (ith == 0) {
+        quantize_int8((const float *) dst->src[1]->data, K, xq);
+        with_block_type<IntDotsInput>(w->type, xq, K);
+    }
     ggml_barrier(params->threadpool);
     auto row = [&](int64_t j) { return (const char *) w->data + row_of(j) * w->nb[1]; };
     for (int64_t j = ith * GROUP; j < n; j += nth * GROUP) {

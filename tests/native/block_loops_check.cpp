@@ -36,6 +36,7 @@ template <ggml_type T> struct Check {
             std::vector<char> buf(int8_vector_bytes(n_cols));
             const Int8Vector xq = int8_vector_at(buf.data(), n_cols);
             quantize_int8(x, n_cols, xq);
+            DotRowsInt<T>::arrange_input(xq, n_cols);
             // GROUP at a time, each group reading the next one ahead, as the kernel calls them
             for (int k0 = 0; k0 < n_rows; k0 += GROUP) {
                 const int nr = std::min(GROUP, n_rows - k0), n_next = std::max(0, std::min(GROUP, n_rows - k0 - GROUP));
