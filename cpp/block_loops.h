@@ -327,6 +327,40 @@ inline __m256i int_block_u(const uint8_t * base, int j) {
     }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// A K-quant super-block's blocks j and j + 1 (j even) as int_block_u's in one vector, block j in
+// the low half: the two share their bytes of qs (Q4_K, Q5_K: low and high nibbles; Q6_K: one
+// 64-byte stretch of ql) and of qh, so this is the work of one block. A shift count outside
+// 0..63 gives 0 (vpsllvq, vpsrlvq): the bit shifts need no branch on j.
+template <ggml_type T>
+inline __m512i k_block_pair_u(const uint8_t * sb, int j) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i bit = _mm512_set_epi64(j + 1, j + 1, j + 1, j + 1, j, j, j, j);  // qh's bit of each half
+    auto to_bit4 = [&](__m512i qh, __m512i b) {  // bit b of every byte to its bit 4
+        const __m512i four = _mm512_set1_epi64(4);
+        return _mm512_or_si512(_mm512_sllv_epi64(qh, _mm512_sub_epi64(four, b)), _mm512_srlv_epi64(qh, _mm512_sub_epi64(b, four)));
+    };
+    if constexpr (T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K) {
+        constexpr bool five = T == GGML_TYPE_Q5_K;
+        const __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *) (sb + (five ? 48 : 16) + 32 * (j / 2))));
+        __m512i u = _mm512_and_si512(_mm512_srlv_epi64(x, _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0)), low4);
+        if constexpr (five) {
+            const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *) (sb + 16)));
+            u = _mm512_or_si512(u, _mm512_and_si512(to_bit4(qh, bit), _mm512_set1_epi8(0x10)));
+        }
+        return u;
+    } else {  // Q6_K: blocks 4n + r, 4n + r + 1 (r = 0 or 2) read ql's bytes 64n.. 64n + 63, shifted alike
+        const int n = j / 4, r = j % 4;
+        const __m512i ql = _mm512_loadu_si512((const void *) (sb + 64 * n));
+        const __m512i lo = _mm512_and_si512(r < 2 ? ql : _mm512_srli_epi16(ql, 4), low4);
+        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *) (sb + 128 + 32 * n)));
+        // bits 2 (r + h), 2 (r + h) + 1 of qh to bits 4, 5: bit 2 (r + h) to 4, with h the half
+        const __m512i pair_bit = _mm512_add_epi64(_mm512_slli_epi64(bit, 1), _mm512_set1_epi64(-2 * (4 * n)));
+        return _mm512_or_si512(lo, _mm512_and_si512(to_bit4(qh, pair_bit), _mm512_set1_epi8(0x30)));
+    }
+}
+#endif
+
 // The int8 factors of a group of rows, per piece (a block; Q6_K's 16 values), at most 16 pieces.
 struct IntFactors {
     int32_t pair[ADD_GROUP / 2][16];  // low 16 bits: the W bytes of rows 2i and 2i + 1, for vpmaddubsw
@@ -905,34 +939,52 @@ template <ggml_type T> struct AddRows {
         }
     }
 
-    // add_blocks_int's sums with AVX-512 VNNI: two blocks per vector, four rows per dpbusd (their
-    // bytes interleaved, the four int8 factors of a block in each 32-bit lane), summed in 32 bits
-    // (at most 16 * 127 * 255), so no 16-bit flushes; one 4x4 transpose of 128-bit lanes per block
-    // pair puts the values back in order. y gets S * sum_k W_k (u_k - c) + offset, as add_int_block.
+    // add_blocks_int's sums with AVX-512 VNNI (Q8_0, Q4_0, Q4_1: a piece per block).
     // With the gathered scales (add_blocks_int), 576-wide Q4_1 rows on a Xeon with AMX: 35-50% less
     // time per row than add_int_block from L2, about 18% from L3.
     static void add_int_blocks_512(const char * const * rows, int nr, int64_t b0, int nb, const IntFactors & f,
                                    const float * offset, float * y) {
         constexpr int64_t bytes = block_bytes<T>;
         constexpr int at = T == GGML_TYPE_Q4_1 ? 4 : 2, center = T == GGML_TYPE_Q8_0 ? 128 : 8;
-        const char * r[ADD_GROUP];
-        for (int k = 0; k < ADD_GROUP; ++k) r[k] = rows[k < nr ? k : 0];  // a missing row's factor is 0
-        // rows 4q..4q+3's int8 factors of piece p in one 32-bit lane
+        auto u = [&](int k, int i, int i2) {
+            return block_pair_u(rows[k] + bytes * (b0 + i) + at, rows[k] + bytes * (b0 + i2) + at);
+        };
+        add_int_pairs_512<1>(u, nr, nb, f, center, offset, y);
+    }
+#endif
+
+#if defined(SI_INT_ROWS) && defined(SI_INT_DOTS_512)
+    // y[0..32 nb) += S * sum_k W_k (u_k - c) + offset per piece, with AVX-512 VNNI: two blocks per
+    // vector, four rows per dpbusd (their bytes interleaved, the four int8 factors of a piece in
+    // each 32-bit lane), summed in 32 bits (at most 16 * 127 * 255), so no 16-bit flushes as in
+    // add_int_block; one 4x4 transpose of 128-bit lanes per block pair puts the values back in
+    // order. u(k, i, i2): row k's blocks i and i2 as unsigned bytes, 128-bit lanes holding i's
+    // values 0..15, 16..31, then i2's. PPB pieces per block: 1 (piece = block) or 2 (Q6_K: piece
+    // 2 b + half, for values 0..15 and 16..31).
+    template <int PPB, typename U>
+    static void add_int_pairs_512(U && u, int nr, int nb, const IntFactors & f, int center, const float * offset,
+                                  float * y) {
+        static_assert(PPB == 1 || PPB == 2, "one or two pieces per block");
+        // rows 4q..4q+3's int8 factors of piece p in one 32-bit lane (a missing row's factor is 0)
         auto quad = [&](int q, int p) {
             return (int32_t) (((uint32_t) f.pair[2 * q][p] & 0xFFFFu) | ((uint32_t) f.pair[2 * q + 1][p] << 16));
         };
         for (int i = 0; i < nb; i += 2) {
             const int i2 = i + 1 < nb ? i + 1 : i;  // an odd last block pairs with itself; the copy is not stored
+            int piece[4];  // of each 128-bit lane
+            for (int h = 0; h < 4; ++h) piece[h] = PPB * (h < 2 ? i : i2) + (PPB == 2 ? h % 2 : 0);
             __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
             for (int q = 0; q < (nr + 3) / 4; ++q) {
-                __m512i u[4];
-                for (int k = 0; k < 4; ++k) {
-                    u[k] = block_pair_u(r[4 * q + k] + bytes * (b0 + i) + at, r[4 * q + k] + bytes * (b0 + i2) + at);
-                }
+                __m512i x[4];
+                for (int k = 0; k < 4; ++k) x[k] = u(4 * q + k < nr ? 4 * q + k : 0, i, i2);
                 // 32-bit lane t of acc[j], in 128-bit lane L: value 4 j + t of L's sixteen, rows 4q..4q+3
-                const __m512i t0 = _mm512_unpacklo_epi8(u[0], u[1]), t1 = _mm512_unpackhi_epi8(u[0], u[1]);
-                const __m512i t2 = _mm512_unpacklo_epi8(u[2], u[3]), t3 = _mm512_unpackhi_epi8(u[2], u[3]);
-                const __m512i factors = _mm512_mask_set1_epi32(_mm512_set1_epi32(quad(q, i)), 0xFF00, quad(q, i2));
+                const __m512i t0 = _mm512_unpacklo_epi8(x[0], x[1]), t1 = _mm512_unpackhi_epi8(x[0], x[1]);
+                const __m512i t2 = _mm512_unpacklo_epi8(x[2], x[3]), t3 = _mm512_unpackhi_epi8(x[2], x[3]);
+                __m512i factors = _mm512_mask_set1_epi32(_mm512_set1_epi32(quad(q, piece[0])), 0xFF00, quad(q, piece[2]));
+                if constexpr (PPB == 2) {
+                    factors = _mm512_mask_set1_epi32(factors, 0x00F0, quad(q, piece[1]));
+                    factors = _mm512_mask_set1_epi32(factors, 0xF000, quad(q, piece[3]));
+                }
                 acc[0] = _mm512_dpbusd_epi32(acc[0], _mm512_unpacklo_epi16(t0, t2), factors);
                 acc[1] = _mm512_dpbusd_epi32(acc[1], _mm512_unpackhi_epi16(t0, t2), factors);
                 acc[2] = _mm512_dpbusd_epi32(acc[2], _mm512_unpacklo_epi16(t1, t3), factors);
@@ -943,11 +995,11 @@ template <ggml_type T> struct AddRows {
             const __m512i sums[4] = {_mm512_shuffle_i32x4(lo01, lo23, 0x88), _mm512_shuffle_i32x4(lo01, lo23, 0xDD),
                                      _mm512_shuffle_i32x4(hi01, hi23, 0x88), _mm512_shuffle_i32x4(hi01, hi23, 0xDD)};
             for (int h = 0; h < (i2 != i ? 4 : 2); ++h) {  // values 0..15, 16..31 of block i, then of i2
-                const int piece = h < 2 ? i : i2;
-                float * out = y + 32 * piece + 16 * (h % 2);
-                const __m512i sum = _mm512_sub_epi32(sums[h], _mm512_set1_epi32(center * f.sum_w[piece]));
-                const __m512 prev = _mm512_add_ps(_mm512_loadu_ps(out), _mm512_set1_ps(offset[piece]));
-                _mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_set1_ps(f.step[piece]), _mm512_cvtepi32_ps(sum), prev));
+                const int p = piece[h];
+                float * out = y + 32 * (h < 2 ? i : i2) + 16 * (h % 2);
+                const __m512i sum = _mm512_sub_epi32(sums[h], _mm512_set1_epi32(center * f.sum_w[p]));
+                const __m512 prev = _mm512_add_ps(_mm512_loadu_ps(out), _mm512_set1_ps(offset[p]));
+                _mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_set1_ps(f.step[p]), _mm512_cvtepi32_ps(sum), prev));
             }
         }
     }
@@ -968,6 +1020,17 @@ template <ggml_type T> struct AddRows {
         // Q6_K's values are scale * (u - 32): its zero point is the center; Q4_K's and Q5_K's
         // d * sc * u - dmin * m: u - c in integers, c * scale joins the minimums' exact offsets
         constexpr int center = T == GGML_TYPE_Q6_K ? 32 : T == GGML_TYPE_Q5_K ? 16 : 8;
+#if defined(SI_INT_DOTS_512)
+        float offsets[16] = {};
+        if constexpr (NP == 8) {
+            for (int j = 0; j < 8; ++j) offsets[j] = offset[j] + center * f.sum_f[j];
+        }
+        auto u = [&](int k, int i, int i2) {
+            return k_block_pair_u<T>(sbs[k], i);  // i2 = i + 1: eight blocks
+        };
+        add_int_pairs_512<NP / 8>(u, nr, 8, f, center, offsets, y);
+        return true;
+#endif
         unroll<8>([&](auto J) {
             constexpr int j = decltype(J)::value;
             auto u = [&](int k) { return int_block_u<T>(sbs[k], j); };

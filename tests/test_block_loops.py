@@ -221,12 +221,15 @@ def test_q8_0_rows_of_extreme_bytes_added(builds):
 
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
-def test_k_quant_rows_of_random_bytes_dotted(builds, type_name):
+@pytest.mark.parametrize("n_rows", [1, 3, 6, 19])
+def test_k_quant_rows_of_random_bytes_dotted_and_added(builds, type_name, n_rows):
     # every byte pattern is a valid K-quant super-block once its steps are finite: 6-bit scales
-    # and minimums of 0 and 63, Q6_K's int8 scales of -128 and its values at 0 and 63
+    # and minimums of 0 and 63, Q6_K's int8 scales of -128 and its values at 0 and 63, every bit
+    # of qh (AVX-512 adds two blocks per vector, their high bits shifted per half); groups of
+    # rows whole, partial and under a quad of four
     from gguf.quants import dequantize
-    rng = np.random.default_rng(11)
-    n_rows, n_cols = 19, 768
+    rng = np.random.default_rng(11 + n_rows)
+    n_cols = 768
     block_bytes = GGML_QUANT_SIZES[T[type_name]][1]
     blocks = rng.integers(0, 256, (n_rows, n_cols // 256, block_bytes), dtype=np.uint8)
     steps = [block_bytes - 2] if type_name == "Q6_K" else [0, 2]  # d (and dmin) as fp16
@@ -234,11 +237,15 @@ def test_k_quant_rows_of_random_bytes_dotted(builds, type_name):
         halves = rng.uniform(0.01, 0.1, (n_rows, n_cols // 256)).astype(np.float16)
         blocks[:, :, at:at + 2] = halves.view(np.uint8).reshape(n_rows, n_cols // 256, 2)
     stored = dequantize(blocks.reshape(n_rows, -1), T[type_name]).astype(np.float64)
-    x = rng.standard_normal(n_cols)
-    expected = stored @ x
+    v, x = rng.standard_normal(n_rows), rng.standard_normal(n_cols)
+    expected_dots, expected_sum = stored @ x, x + v @ stored
+    # x rounded to int8 per 32 values moves each of its values by at most half the step
+    half_steps = np.repeat(np.abs(x.reshape(-1, 32)).max(axis=1) / 127 / 2, 32)
+    dot_bound = np.abs(stored) @ half_steps * 1.001 + 1e-5 * np.abs(expected_dots).max()
     for level, program in builds.items():
-        run = run_level(program, type_name, blocks.tobytes(), n_rows, n_cols, np.zeros(n_rows), x)
-        assert run.int_dotted == (level in INT_LEVELS), level
-        error = np.abs(run.int_dots - expected)
-        assert error.max() <= 2e-2 * np.abs(expected).max(), level
-        assert (error ** 2).mean() <= 1e-4 * (expected ** 2).mean(), level
+        run = run_level(program, type_name, blocks.tobytes(), n_rows, n_cols, v, x)
+        assert run.int_dotted == run.int_rows == (level in INT_LEVELS), level
+        assert (np.abs(run.int_dots - expected_dots) <= dot_bound).all(), f"{level}: rows dotted"
+        error = np.abs(run.added - expected_sum)  # 8-bit factors: test_block_loops_at_every_level's bounds
+        assert error.max() <= 2e-2 * np.abs(expected_sum).max(), f"{level}: rows added"
+        assert (error ** 2).mean() <= 1e-4 * (expected_sum ** 2).mean(), f"{level}: rows added (mean square)"
