@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 PROMPT ?= The capital of France is
 
-.PHONY: demo test test-asan test-portable test-aarch64 test-dl test-cuda-compile install install-test upstream dev clean
+.PHONY: demo test test-asan test-portable test-avx512 test-aarch64 test-dl test-cuda-compile install install-test upstream dev clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,9 +42,10 @@ test: install-test $(UPSTREAM)
 	$(PY) -m pytest -v
 
 # The engine built with AddressSanitizer + UndefinedBehaviorSanitizer, built portable (AVX2, no
-# AVX-512/AMX), and cross-built for aarch64 (tests under qemu-aarch64; needs Debian's
-# g++-aarch64-linux-gnu, qemu-user and debootstrap), each running the tests that find memory and
-# CPU-specific bugs (scripts/test_variant.sh; CI runs all three after `make test`).
+# AVX-512/AMX), built for AVX-512 without AMX, and cross-built for aarch64 (tests under
+# qemu-aarch64; needs Debian's g++-aarch64-linux-gnu, qemu-user and debootstrap), each running the
+# tests that find memory and CPU-specific bugs (scripts/test_variant.sh; CI runs them all after
+# `make test`).
 # (the test dependencies come from the test install; the variants build their own engine)
 TEST_DEPS := $(PY) -c "import pytest, gguf, numpy, sacrebleu, rouge_score, lm_eval" 2>/dev/null || $(MAKE) install-test
 
@@ -55,6 +56,12 @@ test-asan: $(PY)
 test-portable: $(PY)
 	$(TEST_DEPS)
 	PY=$(PY) scripts/test_variant.sh portable
+
+# AVX-512 without AMX (Zen 4, Xeons before Sapphire Rapids): paths an AMX machine's native build
+# skips; on a CPU without AVX-512 it says so and builds nothing
+test-avx512: $(PY)
+	$(TEST_DEPS)
+	PY=$(PY) scripts/test_variant.sh avx512
 
 test-aarch64: $(PY)
 	$(TEST_DEPS)

@@ -7,6 +7,11 @@
 #             conversion, validation and fuzz tests; any report fails the run
 #   portable  SELECTINFER_NATIVE=OFF (x86-64 with AVX2/FMA/F16C, no AVX-512 or AMX): the code paths an
 #             older or AMD CPU takes, with the op tests and a generation on the default model
+#   avx512    SELECTINFER_NATIVE=OFF with AVX-512 (F, CD, VL, DQ, BW) and VNNI, no AMX: the code an
+#             AMD Zen 4 or an Intel Xeon since Cascade Lake without AMX takes (the 512-bit
+#             loops, the prompts' F32 GEMM where an AMX build takes tiles), with the op tests
+#             and a generation on the default model; on a CPU without those levels it says so and
+#             runs nothing
 #   aarch64   cross-built for 64-bit ARM (armv8.2-a with fp16 and dot products: Jetson Orin, recent
 #             phones and boards) with Debian's cross compiler, the tests run by an arm64 Python
 #             under qemu-aarch64 (scripts/arm64_sysroot.sh)
@@ -21,7 +26,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-variant=${1:?usage: scripts/test_variant.sh sanitize|portable|aarch64 [pytest args]}
+variant=${1:?usage: scripts/test_variant.sh sanitize|portable|avx512|aarch64|dl|all-variants [pytest args]}
 shift
 PY=${PY:-.venv/bin/python}
 dir=build/$variant
@@ -47,6 +52,18 @@ case $variant in
     # what the build must (not) use, whatever this machine's CPU has
     features_check="i = n.system_info(); assert 'AVX2 = 1' in i and 'AVX512 = 1' not in i and 'AMX_INT8 = 1' not in i, i"
     ;;
+  avx512)
+    cmake_args=(-DSELECTINFER_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_BF16=OFF)
+    tests+=(tests/test_default_model.py tests/test_cli.py)
+    cpu=$(grep -m1 '^flags' /proc/cpuinfo || true)
+    for flag in avx512f avx512cd avx512vl avx512dq avx512bw avx512_vnni; do
+      if [[ " $cpu " != *" $flag "* ]]; then
+        echo "selectinfer: this CPU has no $flag: the avx512 variant cannot run here (not built, not tested)"
+        exit 0
+      fi
+    done
+    features_check="i = n.system_info(); assert 'AVX512 = 1' in i and 'AVX512_VNNI = 1' in i and 'AMX_INT8 = 1' not in i, i"
+    ;;
   aarch64)
     sysroot=$(scripts/arm64_sysroot.sh)
     cmake_args=(-DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DSELECTINFER_NATIVE=OFF
@@ -62,7 +79,7 @@ case $variant in
     dl=1
     ;;
   *)
-    echo "unknown variant '$variant' (sanitize, portable, aarch64, dl or all-variants)" >&2
+    echo "unknown variant '$variant' (sanitize, portable, avx512, aarch64, dl or all-variants)" >&2
     exit 2
     ;;
 esac
