@@ -215,10 +215,24 @@ struct BlockScale {
 };
 template <ggml_type T> constexpr bool is_float_type = T == GGML_TYPE_F32 || T == GGML_TYPE_F16 || T == GGML_TYPE_BF16;
 // Bytes per 32 values of a type stored in 32-value blocks (K-quants go by super-block:
-// k_super_bytes): Q8_0 d + 32 int8, Q4_1 d, m + 16 bytes, Q4_0 d + 16 bytes.
+// k_super_bytes): Q8_0 d + 32 int8, Q4_1 d, m + 16 bytes, Q4_0 d + 16 bytes, Q5_0 d + 4 bytes of
+// fifth bits + 16 bytes, Q5_1 d, m + 4 + 16.
 template <ggml_type T>
 constexpr int64_t block_bytes = T == GGML_TYPE_F32 ? 128 : is_float_type<T> ? 64 : T == GGML_TYPE_Q8_0 ? 34
-                              : T == GGML_TYPE_Q4_1 ? 20 : 18;
+                              : T == GGML_TYPE_Q4_1 ? 20 : T == GGML_TYPE_Q5_0 ? 22 : T == GGML_TYPE_Q5_1 ? 24 : 18;
+// Where a 32-value block's integers start, after its d (and m): the int8 values (Q8_0), the
+// nibbles (Q4_0, Q4_1) or the fifth bits, then the nibbles (Q5_0, Q5_1).
+template <ggml_type T>
+constexpr int block_data_at = T == GGML_TYPE_Q4_1 || T == GGML_TYPE_Q5_1 ? 4 : 2;
+template <ggml_type T> constexpr bool is_five_bit = T == GGML_TYPE_Q5_0 || T == GGML_TYPE_Q5_1;
+// The 32 fifth bits of a Q5_0 / Q5_1 block as bytes of 0 or 16: values 0..15, then 16..31.
+inline void fifth_bits(const uint8_t * qh, u8x16 & lo, u8x16 & hi) {
+    const u8x16 bit = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const u8x16 lo_bytes = {qh[0], qh[0], qh[0], qh[0], qh[0], qh[0], qh[0], qh[0], qh[1], qh[1], qh[1], qh[1], qh[1], qh[1], qh[1], qh[1]};
+    const u8x16 hi_bytes = {qh[2], qh[2], qh[2], qh[2], qh[2], qh[2], qh[2], qh[2], qh[3], qh[3], qh[3], qh[3], qh[3], qh[3], qh[3], qh[3]};
+    lo = (u8x16) ((lo_bytes & bit) != 0) & 16;
+    hi = (u8x16) ((hi_bytes & bit) != 0) & 16;
+}
 
 // Block b of a float row: its 32 values.
 template <ggml_type T>
@@ -253,6 +267,17 @@ inline void quant_block(const char * row, int64_t b, f32v * q, BlockScale & s) {
         bytes_to_f32(packed & 0x0F, q);
         bytes_to_f32(packed >> 4, q + HALF);
         const float d = fp16(blk), offset = with_min ? fp16(blk + 2) : -8.0f * d;
+        s = {{d, d}, {offset, offset}};
+    } else if constexpr (is_five_bit<T>) {  // Q4_0's and Q4_1's nibbles with a fifth bit; Q5_0's zero point 16
+        constexpr bool with_min = T == GGML_TYPE_Q5_1;
+        const uint8_t * blk = (const uint8_t *) row + block_bytes<T> * b;
+        const uint8_t * qh = blk + block_data_at<T>;
+        const u8x16 packed = load_as<u8x16>(qh + 4);
+        u8x16 lo, hi;
+        fifth_bits(qh, lo, hi);
+        bytes_to_f32((packed & 0x0F) | lo, q);
+        bytes_to_f32((packed >> 4) | hi, q + HALF);
+        const float d = fp16(blk), offset = with_min ? fp16(blk + 2) : -16.0f * d;
         s = {{d, d}, {offset, offset}};
     }
 }
@@ -290,11 +315,11 @@ inline void block_values(const char * row, int64_t b, f32v * out) {
 #if defined(__AVX2__)
 #define SI_INT_ROWS 1
 template <ggml_type T> constexpr bool has_int_rows = T == GGML_TYPE_Q8_0 || T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1 ||
-                                                    T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K || T == GGML_TYPE_Q6_K;
+                                                    is_five_bit<T> || is_k_quant<T>;
 // pairs of rows summed in 16 bits before a widening: 2 * 127 * max |u - c| per pair, under 2^15
 // (Q8_0: 2 * 127 * 128, one pair)
 template <ggml_type T> constexpr int int_pairs_per_flush = T == GGML_TYPE_Q8_0 ? 1 : T == GGML_TYPE_Q6_K ? 2
-                                                         : T == GGML_TYPE_Q5_K ? 4 : 8;
+                                                         : T == GGML_TYPE_Q5_K || is_five_bit<T> ? 4 : 8;
 
 // The 32 integers of block j of a row, values 0..15 then 16..31 (one 256-bit vector): unsigned
 // but Q8_0's.
@@ -306,6 +331,17 @@ inline __m256i int_block_u(const uint8_t * base, int j) {
     } else if constexpr (T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1) {  // base: the block's 16 packed bytes
         const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) base));
         return _mm256_and_si256(_mm256_srlv_epi64(x, _mm256_set_epi64x(4, 4, 0, 0)), low4);
+    } else if constexpr (is_five_bit<T>) {  // base: the block's 4 bytes of fifth bits, then its 16 packed bytes
+        const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) (base + 4)));
+        const __m256i u = _mm256_and_si256(_mm256_srlv_epi64(x, _mm256_set_epi64x(4, 4, 0, 0)), low4);
+        // byte l of the result takes byte l / 8 of qh (both halves hold all four), then its bit l % 8
+        int32_t qh;
+        std::memcpy(&qh, base, 4);
+        const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(qh), _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+        const __m256i bit = _mm256_set1_epi64x((int64_t) 0x8040201008040201);
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        return _mm256_or_si256(u, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
     } else if constexpr (T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K) {  // base: the super-block
         constexpr bool five = T == GGML_TYPE_Q5_K;
         const __m256i x = _mm256_loadu_si256((const __m256i *) (base + (five ? 48 : 16) + 32 * (j / 2)));
@@ -556,7 +592,7 @@ inline void quantize_int8(const float * x, int64_t K, const Int8Vector & out) {
 
 template <ggml_type T> struct DotRowsInt {
     static constexpr int64_t bytes = block_bytes<T>;
-    static constexpr int quants_at = T == GGML_TYPE_Q4_1 ? 4 : 2;  // after d (and Q4_1's m)
+    static constexpr int quants_at = block_data_at<T>;
 
     // Eight rows' halves at offset `at` of block b as floats (F16C).
     static __m256 halves(const char * const * r, int64_t b, int at) {
@@ -566,12 +602,18 @@ template <ggml_type T> struct DotRowsInt {
 
     // Block b of the eight rows dotted with x's block: one int32 per row.
     static __m256i block_sums(const char * const * r, int64_t b, __m256i xq) {
-        if constexpr (T == GGML_TYPE_Q8_0) {
+        if constexpr (T == GGML_TYPE_Q8_0 || is_five_bit<T>) {  // 8- and 5-bit products reduce in 32 bits
             __m256i p[8];
             for (int k = 0; k < 8; ++k) {
-                const __m256i w = _mm256_loadu_si256((const __m256i *) (r[k] + bytes * b + quants_at));
-                p[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w)),
-                                         _mm256_set1_epi16(1));
+                const char * at = r[k] + bytes * b + quants_at;
+                if constexpr (T == GGML_TYPE_Q8_0) {
+                    const __m256i w = _mm256_loadu_si256((const __m256i *) at);
+                    p[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w)),
+                                             _mm256_set1_epi16(1));
+                } else {  // 16 products of up to 31 * 127 would overflow the 16-bit tree below
+                    p[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(int_block_u<T>((const uint8_t *) at, 0), xq),
+                                             _mm256_set1_epi16(1));
+                }
             }
             // 32-bit lanes: rows 0-3 in each half of h0, 4-7 of h1, then the halves added
             const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
@@ -703,11 +745,12 @@ template <ggml_type T> struct DotRowsInt {
             }
             const __m256i s = block_sums(r, b, _mm256_loadu_si256((const __m256i *) (x.q + 32 * b)));
             const __m256 d = _mm256_mul_ps(halves(r, b, 0), _mm256_set1_ps(x.d[b]));
-            if constexpr (T == GGML_TYPE_Q4_0) {  // d (u - 8): the zero point times x's sum
-                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(s, _mm256_set1_epi32(8 * x.sum[b]))), acc);
+            if constexpr (T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q5_0) {  // d (u - z): the zero point times x's sum
+                constexpr int zero = T == GGML_TYPE_Q4_0 ? 8 : 16;
+                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(s, _mm256_set1_epi32(zero * x.sum[b]))), acc);
             } else {
                 acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
-                if constexpr (T == GGML_TYPE_Q4_1) {  // d u + m: m times x's sum
+                if constexpr (T == GGML_TYPE_Q4_1 || T == GGML_TYPE_Q5_1) {  // d u + m: m times x's sum
                     acc = _mm256_fmadd_ps(halves(r, b, 2), _mm256_set1_ps(x.d[b] * (float) x.sum[b]), acc);
                 }
             }
@@ -878,11 +921,11 @@ template <ggml_type T> struct AddRows {
     // Q8_0, Q4_0, Q4_1: blocks [b0, b0 + nb) (nb <= 8) of every row in integers, a piece per block;
     // false (nothing added) where the float loop must run.
     static bool add_blocks_int(const char * const * rows, const float * v, int nr, int64_t b0, int nb, float * y) {
-        constexpr bool with_min = T == GGML_TYPE_Q4_1;
+        constexpr bool with_min = T == GGML_TYPE_Q4_1 || T == GGML_TYPE_Q5_1;
         constexpr int64_t bytes = block_bytes<T>;
         float w[ADD_GROUP][8] = {}, offset[8] = {};
 #if defined(SI_INT_DOTS_512)
-        // a row's d (and Q4_1's m) of its nb blocks in one gather: converting them one by one took
+        // a row's d (and m) of its nb blocks in one gather: converting them one by one took
         // more time than the integer sums (Xeon with AMX, 576-wide Q4_1 rows)
         const __m256i starts = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int) bytes));
         const __mmask8 present = (__mmask8) ((1u << nb) - 1);
@@ -905,16 +948,17 @@ template <ggml_type T> struct AddRows {
 #endif
         IntFactors f;
         if (!quantize_factors(w, nr, f)) return false;
-        // Q8_0: d * q; Q4_0: d * (u - 8), 8 its zero point; Q4_1: d * u + m, u - 8 in integers, 8 * d * v exact
+        // Q8_0: d * q; Q4_0: d * (u - 8), 8 its zero point (Q5_0: 16); Q4_1: d * u + m, u - 8 in
+        // integers, 8 * d * v exact (Q5_1: 16)
+        constexpr int center = T == GGML_TYPE_Q8_0 ? 0 : is_five_bit<T> ? 16 : 8;
         if constexpr (with_min) {
-            for (int i = 0; i < nb; ++i) offset[i] += 8.0f * f.sum_f[i];
+            for (int i = 0; i < nb; ++i) offset[i] += center * f.sum_f[i];
         }
 #if defined(SI_INT_DOTS_512)
         add_int_blocks_512(rows, nr, b0, nb, f, offset, y);
 #else
-        constexpr int center = T == GGML_TYPE_Q8_0 ? 0 : 8;
         for (int i = 0; i < nb; ++i) {
-            auto u = [&](int k) { return int_block_u<T>((const uint8_t *) rows[k] + bytes * (b0 + i) + (with_min ? 4 : 2), 0); };
+            auto u = [&](int k) { return int_block_u<T>((const uint8_t *) rows[k] + bytes * (b0 + i) + block_data_at<T>, 0); };
             const float offsets[2] = {offset[i], offset[i]};
             add_int_block<T>(u, nr, i, i, f, center, offsets, y + 32 * i);
         }
@@ -925,9 +969,16 @@ template <ggml_type T> struct AddRows {
 
 #if defined(SI_INT_ROWS) && defined(SI_INT_DOTS_512)
     // Two blocks of a row as unsigned bytes in one vector, 128-bit lanes: block a's values 0..15,
-    // 16..31, then block b's (Q8_0: q + 128, its center 128 instead of 0).
+    // 16..31, then block b's (Q8_0: q + 128, its center 128 instead of 0). a, b: the blocks'
+    // integers (block_data_at).
     static __m512i block_pair_u(const char * a, const char * b) {
-        if constexpr (T == GGML_TYPE_Q8_0) {
+        if constexpr (is_five_bit<T>) {  // the nibbles, then bit l of the two qh words to byte l's bit 4
+            uint32_t qh_a, qh_b;
+            std::memcpy(&qh_a, a, 4);
+            std::memcpy(&qh_b, b, 4);
+            const __m512i fifth = _mm512_maskz_mov_epi8((__mmask64) qh_a | ((__mmask64) qh_b << 32), _mm512_set1_epi8(0x10));
+            return _mm512_or_si512(AddRows<GGML_TYPE_Q4_0>::block_pair_u(a + 4, b + 4), fifth);
+        } else if constexpr (T == GGML_TYPE_Q8_0) {
             const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) a)),
                                                  _mm256_loadu_si256((const __m256i *) b), 1);
             return _mm512_xor_si512(x, _mm512_set1_epi8((char) 0x80));
@@ -939,13 +990,13 @@ template <ggml_type T> struct AddRows {
         }
     }
 
-    // add_blocks_int's sums with AVX-512 VNNI (Q8_0, Q4_0, Q4_1: a piece per block).
+    // add_blocks_int's sums with AVX-512 VNNI (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: a piece per block).
     // With the gathered scales (add_blocks_int), 576-wide Q4_1 rows on a Xeon with AMX: 35-50% less
     // time per row than add_int_block from L2, about 18% from L3.
     static void add_int_blocks_512(const char * const * rows, int nr, int64_t b0, int nb, const IntFactors & f,
                                    const float * offset, float * y) {
         constexpr int64_t bytes = block_bytes<T>;
-        constexpr int at = T == GGML_TYPE_Q4_1 ? 4 : 2, center = T == GGML_TYPE_Q8_0 ? 128 : 8;
+        constexpr int at = block_data_at<T>, center = T == GGML_TYPE_Q8_0 ? 128 : is_five_bit<T> ? 16 : 8;
         auto u = [&](int k, int i, int i2) {
             return block_pair_u(rows[k] + bytes * (b0 + i) + at, rows[k] + bytes * (b0 + i2) + at);
         };

@@ -125,6 +125,27 @@ template <> struct Format<GGML_TYPE_Q4_1> {
     }
 };
 
+// Q5_0: d (fp16), qh (4 bytes, little-endian: bit i is the fifth bit of value i), 16 bytes of
+// nibbles as Q4_0; value minus 16. Q5_1: d, m (fp16), then qh and the nibbles; d * q + m.
+template <ggml_type T> struct Format5 {
+    static constexpr bool WITH_MIN = T == GGML_TYPE_Q5_1;
+    static constexpr int BLOCK_VALUES = 32, BLOCK_BYTES = WITH_MIN ? 24 : 22;
+    static SI_HD void group(const uint8_t * b, int, float * y) {
+        const float d = fp16_at(b), m = WITH_MIN ? fp16_at(b + 2) : 0.0f;
+        const int zero = WITH_MIN ? 0 : 16;
+        const uint8_t * qh = b + (WITH_MIN ? 4 : 2);
+        const uint8_t * q = qh + 4;
+        for (int i = 0; i < 16; ++i) {
+            const int lo = (q[i] & 0xF) | (((qh[i / 8] >> (i % 8)) & 1) << 4);
+            const int hi = (q[i] >> 4) | (((qh[2 + i / 8] >> (i % 8)) & 1) << 4);
+            y[i] = d * (float) (lo - zero) + m;
+            y[i + 16] = d * (float) (hi - zero) + m;
+        }
+    }
+};
+template <> struct Format<GGML_TYPE_Q5_0> : Format5<GGML_TYPE_Q5_0> {};
+template <> struct Format<GGML_TYPE_Q5_1> : Format5<GGML_TYPE_Q5_1> {};
+
 // d, dmin (fp16), 12 scale bytes, 128 bytes: group g in the low (even g) or high (odd g) nibbles
 // of bytes 32 * (g / 2) ..; d * scale * q - dmin * min
 template <> struct Format<GGML_TYPE_Q4_K> {

@@ -70,7 +70,7 @@ void ggml_si_compute_forward_select(const struct ggml_compute_params * params, s
 // The weight types the row ops have a fused loop for, on every CPU (converting in registers,
 // several rows in flight; other types go through ggml's per-row conversion): one list for the
 // kernels' dispatch (sparse_ffn_cpu.cpp) and for the query below.
-#define GGML_SI_FUSED_TYPES(X) X(F32) X(F16) X(BF16) X(Q8_0) X(Q4_0) X(Q4_1) X(Q4_K) X(Q5_K) X(Q6_K)
+#define GGML_SI_FUSED_TYPES(X) X(F32) X(F16) X(BF16) X(Q8_0) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q4_K) X(Q5_K) X(Q6_K)
 GGML_API bool ggml_si_has_fused_loop(enum ggml_type type);
 // The weight types whose several-token ggml_si_mul_rows runs upstream's repacked GEMM on a CPU
 // built with AVX2 (the rows repacked as it goes, in upstream's Q4_0x8 layout; Q4_1's offsets
@@ -79,8 +79,9 @@ GGML_API bool ggml_si_has_fused_loop(enum ggml_type type);
 GGML_API bool ggml_si_has_repacked_gemm(enum ggml_type type);
 // The weight types whose one-token ggml_si_mul_rows dots eight rows at a time in integers on a CPU
 // built with AVX2 and F16C (block_loops.h): over every row, Q4_0, Q4_1 and the K-quants faster than
-// upstream's plain-buffer mul_mat, Q8_0 as fast.
-#define GGML_SI_INT_DOT_TYPES(X) X(Q8_0) X(Q4_0) X(Q4_1) X(Q4_K) X(Q5_K) X(Q6_K)
+// upstream's plain-buffer mul_mat, Q8_0 as fast. (Q5_0 and Q5_1: the gate and up of K-quant files
+// whose rows are not whole 256-value super-blocks, e.g. Gemma-3-270M's 640.)
+#define GGML_SI_INT_DOT_TYPES(X) X(Q8_0) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q4_K) X(Q5_K) X(Q6_K)
 GGML_API bool ggml_si_has_int_dots(enum ggml_type type);
 // The weight types whose prompt row ops (several tokens) run on AMX bf16 tiles on a CPU built
 // with AMX and AVX512-BF16: quantized and BF16 weights, whose upstream matmuls round the

@@ -16,7 +16,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from helpers import ggml_include, stored_rows
 
 REPO = Path(__file__).resolve().parents[1]
-TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]  # GGML_SI_FUSED_TYPES
+TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]  # GGML_SI_FUSED_TYPES
 # (name, compiler flags, the /proc/cpuinfo flags a CPU needs to run it): ggml's x86 variants' levels
 LEVELS = [
     ("x86-64", [], []),
@@ -86,10 +86,10 @@ def test_every_level_this_cpu_runs_is_checked(builds):
 
 
 # quantized types whose rows x86 builds with AVX2 add in integers (block_loops.h, SI_INT_ROWS)
-INT_TYPES = {"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}
+INT_TYPES = {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}
 INT_LEVELS = {"avx2", "avx512", "avxvnni", "avx512vnni"}
 # and dots, x quantized to int8 (block_loops.h, SI_INT_DOTS)
-INT_DOT_TYPES = {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
+INT_DOT_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
 
 
 @pytest.mark.parametrize("type_name", TYPES)
@@ -122,7 +122,7 @@ def test_block_loops_at_every_level(builds, type_name):
             assert (error ** 2).mean() <= 1e-4 * (expected_dots ** 2).mean(), f"{level}: (mean square)"
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 @pytest.mark.parametrize("n_blocks", [1, 2, 3, 5, 6, 7, 18])
 def test_rows_dotted_and_added_in_integers_over_any_block_count(builds, type_name, n_blocks):
     # AVX-512 VNNI dots four blocks per vector (a row's last group may hold one to three) and adds

@@ -14,7 +14,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from helpers import ggml_include, stored_rows
 
 REPO = Path(__file__).resolve().parents[1]
-TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]  # GGML_SI_FUSED_TYPES
+TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]  # GGML_SI_FUSED_TYPES
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ BLOCK = {t: 1 if t in ("F32", "F16", "BF16") else 256 if t.endswith("_K") else 3
 # relative error bound of each op's result for a weight type; the activations of mul_rows are
 # converted to the type's vec_dot type (Q8 for quantized weights, F16/BF16 for half types)
 BOUND = {t: 1e-5 if t == "F32" else 5e-3 if t == "F16" else 2e-2 for t in TYPES}
-INT_ROW_TYPES = {"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}  # mul_rows_t's integer loops (one token, AVX2)
+INT_ROW_TYPES = {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}  # mul_rows_t's integer loops (one token, AVX2)
 INT_ROWS_BUILT = "AVX2 = 1" in _native.system_info()  # ggml-cpu's compile flags, which the loops share
 # a prompt's mul_rows and mul_rows_t over quantized or BF16 rows on AMX tiles in bf16 (ggml-cpu
 # built for a CPU with AMX, as ggml's own AMX code)
@@ -311,4 +311,4 @@ def test_every_cpu_has_the_fused_loops():
     every architecture (x86 with or without F16C, ARM); a build where one falls back to the per-row
     conversion fails here."""
     fused = {name.upper() for name in _native.sparse_fused_types()}
-    assert {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"} <= fused, fused
+    assert {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"} <= fused, fused
