@@ -225,11 +225,12 @@ constexpr int64_t block_bytes = T == GGML_TYPE_F32 ? 128 : is_float_type<T> ? 64
 template <ggml_type T>
 constexpr int block_data_at = T == GGML_TYPE_Q4_1 || T == GGML_TYPE_Q5_1 ? 4 : 2;
 template <ggml_type T> constexpr bool is_five_bit = T == GGML_TYPE_Q5_0 || T == GGML_TYPE_Q5_1;
-// The 32 fifth bits of a Q5_0 / Q5_1 block as bytes of 0 or 16: values 0..15, then 16..31.
+// The 32 fifth bits of a Q5_0 / Q5_1 block as bytes of 0 or 16: values 0..15, then 16..31. qh: the
+// block's 4 bytes of them; 16 bytes are read (the nibbles follow: still inside the block).
 inline void fifth_bits(const uint8_t * qh, u8x16 & lo, u8x16 & hi) {
-    const u8x16 bit = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
-    const u8x16 lo_bytes = {qh[0], qh[0], qh[0], qh[0], qh[0], qh[0], qh[0], qh[0], qh[1], qh[1], qh[1], qh[1], qh[1], qh[1], qh[1], qh[1]};
-    const u8x16 hi_bytes = {qh[2], qh[2], qh[2], qh[2], qh[2], qh[2], qh[2], qh[2], qh[3], qh[3], qh[3], qh[3], qh[3], qh[3], qh[3], qh[3]};
+    const u8x16 bytes = load_as<u8x16>(qh), bit = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const u8x16 lo_bytes = __builtin_shufflevector(bytes, bytes, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const u8x16 hi_bytes = __builtin_shufflevector(bytes, bytes, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     lo = (u8x16) ((lo_bytes & bit) != 0) & 16;
     hi = (u8x16) ((hi_bytes & bit) != 0) & 16;
 }
