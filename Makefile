@@ -57,7 +57,7 @@ test-portable: $(PY)
 	$(TEST_DEPS)
 	PY=$(PY) scripts/test_variant.sh portable
 
-# AVX-512 without AMX (Zen 4, Xeons before Sapphire Rapids): paths an AMX machine's native build
+# AVX-512 without AMX (Zen 4, Xeons without AMX): paths an AMX machine's native build
 # skips; on a CPU without AVX-512 it says so and builds nothing
 test-avx512: $(PY)
 	$(TEST_DEPS)
