@@ -20,6 +20,9 @@ INT_ROWS_BUILT = "AVX2 = 1" in _native.system_info()  # ggml-cpu's compile flags
 # built for a CPU with AMX, as ggml's own AMX code)
 BF16_TILES_BUILT = "AMX_INT8 = 1" in _native.system_info()
 BF16_TILE_TYPES = {t for t in TYPES if t not in ("F32", "F16")}
+# elsewhere with AVX-512 VNNI, a prompt's mul_rows_t over quantized rows in int8 (8 tokens or more)
+INT8_PROMPT_BUILT = "AVX512_VNNI = 1" in _native.system_info() and not BF16_TILES_BUILT
+INT8_PROMPT_TYPES = {t for t in TYPES if t not in ("F32", "F16", "BF16")}
 
 
 def check_mul_rows(got, x, w_rows, type_name):
@@ -92,7 +95,7 @@ def test_mul_rows_one_token_many_groups(type_name, n_threads, with_ids):
 
 
 @pytest.mark.parametrize("type_name", TYPES)
-@pytest.mark.parametrize("n_tokens", [1, 5, 70])
+@pytest.mark.parametrize("n_tokens", [1, 5, 8, 70])
 @pytest.mark.parametrize("n_threads", [1, 4])
 @pytest.mark.parametrize("with_ids", [True, False])
 @pytest.mark.parametrize("size", ["odd", "large"])
@@ -121,6 +124,17 @@ def test_mul_rows_t(type_name, n_tokens, n_threads, with_ids, size):
         # ~5e-6 of the result's, not the ~1 of a misplaced pair or tile
         assert error.max() <= 1e-2 * np.abs(expected).max()
         assert (error ** 2).mean() <= 3e-5 * (expected ** 2).mean()
+    elif n_tokens >= 8 and INT8_PROMPT_BUILT and type_name in INT8_PROMPT_TYPES:
+        # weights and activations rounded to int8 along the neurons, each within half a step of
+        # max|value| / 127 (a step per column or token and panel of neurons, never above the whole
+        # column's or token's): the bound of those roundings, and a mean square error of ~1e-4
+        # of the result's, not the ~1 of a misplaced column or neuron
+        w_abs, h_abs = np.abs(w_values[ids]), np.abs(h.astype(np.float64))
+        w_max, h_max = w_abs.max(axis=0), h_abs.max(axis=1)
+        bound = (h_abs.sum(axis=1)[:, None] * w_max[None, :] + h_max[:, None] * w_abs.sum(axis=0)[None, :]) / 254 + \
+            len(ids) * h_max[:, None] * w_max[None, :] / 254 ** 2
+        assert (error <= bound + 1e-5 * np.abs(expected).max()).all()
+        assert (error ** 2).mean() <= 3e-4 * (expected ** 2).mean()
     else:  # rows dequantized exactly; only the float32 accumulation differs from float64
         assert error.max() <= 1e-5 * np.abs(expected).max()
 
