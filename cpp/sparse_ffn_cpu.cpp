@@ -611,8 +611,14 @@ void panel_to_int8(const float * panel, int64_t rows, int64_t width, int64_t str
                    float * col_scale) {
     const int64_t n_quads = (rows + 3) / 4;
     for (int64_t c = 0; c < width; c += 16) {
-        __m512 max_abs = _mm512_setzero_ps();
-        for (int64_t j = 0; j < rows; ++j) max_abs = _mm512_max_ps(max_abs, _mm512_abs_ps(_mm512_loadu_ps(panel + j * stride + c)));
+        // four independent maxima (a single chain waits out vmaxps's latency at every row)
+        __m512 m[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        int64_t j = 0;
+        for (; j + 4 <= rows; j += 4) {
+            for (int k = 0; k < 4; ++k) m[k] = _mm512_max_ps(m[k], _mm512_abs_ps(_mm512_loadu_ps(panel + (j + k) * stride + c)));
+        }
+        for (; j < rows; ++j) m[0] = _mm512_max_ps(m[0], _mm512_abs_ps(_mm512_loadu_ps(panel + j * stride + c)));
+        const __m512 max_abs = _mm512_max_ps(_mm512_max_ps(m[0], m[1]), _mm512_max_ps(m[2], m[3]));
         _mm512_storeu_ps(col_scale + c, _mm512_mul_ps(max_abs, _mm512_set1_ps(1.0f / 127.0f)));
         const __m512 inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(max_abs, _mm512_setzero_ps(), _CMP_GT_OQ),
                                                _mm512_set1_ps(127.0f), max_abs);
@@ -630,9 +636,16 @@ void panel_to_int8(const float * panel, int64_t rows, int64_t width, int64_t str
     }
 }
 
+// acc += the products of a's unsigned and b's signed bytes, four per 32-bit lane, in place (GCC
+// copies every accumulator of the intrinsic's loop to another register and back, twice the uops)
+inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    return acc;
+}
+
 // c[t][0..32) (+)= the panel's slice times token t's activation bytes, scaled back to floats
 template <int TT>
-void int8_tile(const uint8_t * slice, int64_t n_quads, const int8_t * const * hq, const float * col_scale,
+__attribute__((noinline)) void int8_tile(const uint8_t * slice, int64_t n_quads, const int8_t * const * hq, const float * col_scale,
                const float * h_scale, const int32_t * h_sum, float * const * c, bool first) {
     __m512i acc[TT][2];
     for (int t = 0; t < TT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_si512();
@@ -642,8 +655,8 @@ void int8_tile(const uint8_t * slice, int64_t n_quads, const int8_t * const * hq
             int32_t four;
             std::memcpy(&four, hq[t] + 4 * q, 4);
             const __m512i b = _mm512_set1_epi32(four);
-            acc[t][0] = _mm512_dpbusd_epi32(acc[t][0], w0, b);
-            acc[t][1] = _mm512_dpbusd_epi32(acc[t][1], w1, b);
+            acc[t][0] = dpbusd(acc[t][0], w0, b);
+            acc[t][1] = dpbusd(acc[t][1], w1, b);
         }
     }
     const __m512 s0 = _mm512_loadu_ps(col_scale), s1 = _mm512_loadu_ps(col_scale + 16);
