@@ -645,7 +645,7 @@ inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
 
 // c[t][0..32) (+)= the panel's slice times token t's activation bytes, scaled back to floats
 template <int TT>
-__attribute__((noinline)) void int8_tile(const uint8_t * slice, int64_t n_quads, const int8_t * const * hq, const float * col_scale,
+void int8_tile(const uint8_t * slice, int64_t n_quads, const int8_t * const * hq, const float * col_scale,
                const float * h_scale, const int32_t * h_sum, float * const * c, bool first) {
     __m512i acc[TT][2];
     for (int t = 0; t < TT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_si512();
