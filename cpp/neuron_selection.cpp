@@ -399,8 +399,8 @@ ggml_tensor * NeuronSelection::build_ffn(ggml_context * ctx, ggml_cgraph * gf, l
     const LoadedFfn loaded = build_loaded_ffn(ctx, weights, x);
     if (prompt && !all_loaded && prompt_chooses(config_.strategy)) {
         ggml_tensor * counts = (*counts_)[layer_index_[il]];
-        const SelectionNodes chosen = build_selection(ctx, loaded.act, counts, l.n_static, l.n_select - l.n_static,
-                                                      config_);
+        const SelectionNodes chosen = build_selection(ctx, loaded.act, loaded.act_rest, counts, l.n_static,
+                                                      l.n_select - l.n_static, config_);
         ggml_build_forward_expand(gf, ggml_cpy(ctx, chosen.counts, counts));
         ggml_build_forward_expand(gf, ggml_cpy(ctx, chosen.ids, ids));
     }
@@ -453,6 +453,12 @@ bool own_cpu_kernel(const ggml_tensor * w, const ggml_tensor * x) {
     return bf16_tiles || (ggml_si_has_repacked_gemm(w->type) && cpu_backend_has("AVX2"));
 }
 
+// No GPU: every node of a graph runs on the CPU (with one, llama.cpp's scheduler may place a
+// node on it).
+bool no_gpu_device() {
+    return !ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU) && !ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU);
+}
+
 }  // namespace
 
 ggml_tensor * gathered_product(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
@@ -460,8 +466,7 @@ ggml_tensor * gathered_product(ggml_context * ctx, ggml_tensor * w, ggml_tensor 
     // upstream may offload a big batch's mul_mat, so it stays (a tensor without a buffer lives in
     // its context's CPU memory)
     const bool in_host_memory = w->buffer ? ggml_backend_buffer_is_host(w->buffer) : w->data != nullptr;
-    const bool on_cpu_only = in_host_memory && !ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU) &&
-                             !ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU);
+    const bool on_cpu_only = in_host_memory && no_gpu_device();
     return on_cpu_only && own_cpu_kernel(w, x) ? ggml_si_mul_rows(ctx, w, x, nullptr, 0) : ggml_mul_mat(ctx, w, x);
 }
 
@@ -475,9 +480,9 @@ LoadedFfn build_loaded_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tens
                                          : nullptr;
     ggml_tensor * out_static = act_static ? ggml_mul_mat(ctx, w.down_static, act_static) : nullptr;
     ggml_tensor * out_dynamic = act_dynamic ? ggml_si_mul_rows_t(ctx, w.down_t, act_dynamic, nullptr, 0, nullptr) : nullptr;
-    if (!act_static) return {act_dynamic, out_dynamic};
-    if (!act_dynamic) return {act_static, out_static};
-    return {ggml_concat(ctx, act_static, act_dynamic, 0), ggml_add(ctx, out_static, out_dynamic)};
+    if (!act_static) return {act_dynamic, nullptr, out_dynamic};
+    if (!act_dynamic) return {act_static, nullptr, out_static};
+    return {act_static, act_dynamic, ggml_add(ctx, out_static, out_dynamic)};
 }
 
 namespace {
@@ -550,8 +555,15 @@ ggml_tensor * build_predicted_ffn(ggml_context * ctx, const SiFfnWeights & w, gg
     return with_dropped(ctx, out, comp);
 }
 
-SelectionNodes build_selection(ggml_context * ctx, ggml_tensor * act, ggml_tensor * counts, int n_static,
-                               int n_dynamic, const SelectionConfig & config) {
+SelectionNodes build_selection(ggml_context * ctx, ggml_tensor * act, ggml_tensor * act_rest, ggml_tensor * counts,
+                               int n_static, int n_dynamic, const SelectionConfig & config) {
+    // the CPU's count reads the two parts where they are (a copy into one tensor, ggml's concat,
+    // runs on one thread: 4% of a 64-token prompt of the default model, the other thread waiting)
+    const bool count_parts = config.strategy != Strategy::sum_magnitude && no_gpu_device();
+    if (act_rest && !count_parts) {
+        act = ggml_concat(ctx, act, act_rest, 0);
+        act_rest = nullptr;
+    }
     ggml_tensor * scores = nullptr;
     if (config.strategy == Strategy::sum_magnitude) {
         // the sum over the batch's tokens of |a|, by upstream's ops (so on any backend)
@@ -559,7 +571,7 @@ SelectionNodes build_selection(ggml_context * ctx, ggml_tensor * act, ggml_tenso
         scores = ggml_reshape_1d(ctx, ggml_sum_rows(ctx, by_neuron), act->ne[0]);
         if (counts) scores = ggml_add(ctx, scores, counts);
     } else {
-        scores = ggml_si_count(ctx, act, counts, config.token_ratio, config.by_magnitude);
+        scores = ggml_si_count(ctx, act, act_rest, counts, config.token_ratio, config.by_magnitude);
     }
     return {scores, ggml_si_select(ctx, scores, n_static, n_dynamic, GGML_SI_SCORE_VALUE, nullptr)};
 }

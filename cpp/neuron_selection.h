@@ -110,10 +110,12 @@ struct SiFfnWeights {
     ggml_tensor * gathered_up() const { return n_static > 0 ? up_dyn : up; }
 };
 
-// Every loaded neuron (a prompt, or dense over the loaded neurons): the activations act
-// [n_load, T] that a prompt's selection counts, and the FFN output.
+// Every loaded neuron (a prompt, or dense over the loaded neurons): the activations that a
+// prompt's selection counts, act [n_load, T] or, with static and gathered neurons, act
+// [n_static, T] then act_rest [n_load - n_static, T], and the FFN output.
 struct LoadedFfn {
     ggml_tensor * act;
+    ggml_tensor * act_rest;  // nullptr: act holds every loaded neuron
     ggml_tensor * out;
 };
 LoadedFfn build_loaded_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x);
@@ -150,15 +152,15 @@ ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, 
 ggml_tensor * build_predicted_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic,
                                   const Compensation & comp = {}, ggml_tensor * score_scale = nullptr);
 
-// A prompt batch's selection from its activations act [n_load, T] by a choosing strategy
-// (frequency or sum_magnitude): the running scores (this batch's added to `counts`, the previous
-// batches'; nullptr: from zero) and the chosen rows.
+// A prompt batch's selection from its activations act [n_load, T] (or act, then act_rest, as
+// LoadedFfn holds them) by a choosing strategy (frequency or sum_magnitude): the running scores
+// (this batch's added to `counts`, the previous batches'; nullptr: from zero) and the chosen rows.
 struct SelectionNodes {
     ggml_tensor * counts;
     ggml_tensor * ids;
 };
-SelectionNodes build_selection(ggml_context * ctx, ggml_tensor * act, ggml_tensor * counts, int n_static,
-                               int n_dynamic, const SelectionConfig & config);
+SelectionNodes build_selection(ggml_context * ctx, ggml_tensor * act, ggml_tensor * act_rest, ggml_tensor * counts,
+                               int n_static, int n_dynamic, const SelectionConfig & config);
 
 class NeuronSelection {
 public:

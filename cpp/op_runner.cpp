@@ -122,14 +122,23 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
         }
         out = ggml_si_mul_rows_t(ctx.get(), t[0], t[1], t.size() >= 3 ? t[2] : nullptr, first_id,
                                  t.size() == 4 ? t[3] : nullptr);
-    } else if (op == "count" && (t.size() == 1 || t.size() == 2)) {
+    } else if ((op == "count" && (t.size() == 1 || t.size() == 2)) || (op == "count_parts" && (t.size() == 2 || t.size() == 3))) {
+        // count: act [, prev]; count_parts: act, act_rest [, prev]
+        const bool parts = op == "count_parts";
+        ggml_tensor * act_rest = parts ? t[1] : nullptr;
+        ggml_tensor * prev = t.size() == (parts ? 3u : 2u) ? t.back() : nullptr;
         require_f32(t[0], "act");
         require(alpha >= 0 && alpha <= 1, "alpha must be in [0, 1]");
-        if (t.size() == 2) {
-            require_f32(t[1], "prev");
-            require(ggml_n_dims(t[1]) == 1 && t[1]->ne[0] == t[0]->ne[0], "prev must be [n_load]");
+        if (act_rest) {
+            require_f32(act_rest, "act_rest");
+            require(act_rest->ne[1] == t[0]->ne[1], "act_rest must have act's tokens");
         }
-        out = ggml_si_count(ctx.get(), t[0], t.size() == 2 ? t[1] : nullptr, alpha, by_magnitude);
+        if (prev) {
+            require_f32(prev, "prev");
+            require(ggml_n_dims(prev) == 1 && prev->ne[0] == t[0]->ne[0] + (act_rest ? act_rest->ne[0] : 0),
+                    "prev must be [n_load]");
+        }
+        out = ggml_si_count(ctx.get(), t[0], act_rest, prev, alpha, by_magnitude);
     } else if (op == "select" && (t.size() == 1 || t.size() == 2)) {
         require_f32(t[0], "counts");
         require(ggml_n_dims(t[0]) == 1, "counts must be 1-D");
@@ -281,8 +290,11 @@ std::vector<std::pair<std::string, std::vector<double>>> time_ffn_layer(int type
     } else {  // a prompt computes the loaded layer and selects
         SelectionConfig frequency;  // the method's, alpha 0.2
         frequency.token_ratio = 0.2f;
-        steps.push_back({"selection", {build_selection(c, leaf(n_load), nullptr, (int) n_static, (int) (n_select - n_static),
-                                                       frequency).ids}});
+        // the activations as the engine's prompt has them: the static part, then the gathered one
+        const bool two_parts = n_static > 0 && n_dynamic > 0;
+        ggml_tensor * act = leaf(two_parts ? n_static : n_load);
+        steps.push_back({"selection", {build_selection(c, act, two_parts ? leaf(n_dynamic) : nullptr, nullptr, (int) n_static,
+                                                       (int) (n_select - n_static), frequency).ids}});
     }
     std::vector<std::pair<std::string, std::vector<double>>> times;
     std::vector<ggml_cgraph *> graphs;

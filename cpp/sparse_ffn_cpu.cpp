@@ -1258,7 +1258,7 @@ size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks) {
         }
         case GGML_OP_SI_COUNT:
             // per thread: a positives count, then per neuron a key, a narrowed key and a count
-            return (size_t) n_tasks * (sizeof(int64_t) + count_scratch_bytes(node->src[0]->ne[0])) + 64;
+            return (size_t) n_tasks * (sizeof(int64_t) + count_scratch_bytes(node->ne[0])) + 64;
         case GGML_OP_SI_SELECT:  // the candidates' keys, and those the radix select narrows to
             return 2 * (size_t) node->src[0]->ne[0] * sizeof(uint32_t);
         default:
@@ -1362,13 +1362,16 @@ void ggml_si_compute_forward_mul_rows_t(const struct ggml_compute_params * param
 }
 
 void ggml_si_compute_forward_count(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
-    const ggml_tensor * act = dst->src[0];
     const ggml_tensor * prev = dst->src[1];
     const float alpha = ggml_get_op_params_f32(dst, GGML_SI_COUNT_ALPHA);
     const bool by_magnitude = ggml_get_op_params_i32(dst, GGML_SI_COUNT_BY_MAGNITUDE) != 0;
-    const int64_t n_load = act->ne[0], T = act->ne[1];
+    const int64_t n_load = dst->ne[0], T = dst->src[0]->ne[1];
     const int ith = params->ith, nth = params->nth;
-    auto token = [act](int64_t t) { return (const float *) ((const char *) act->data + t * act->nb[1]); };
+    // a token's activations: act's neurons, then act_rest's where given (neurons n_first on)
+    const ggml_tensor * parts[2] = {dst->src[0], dst->src[2]};
+    const int n_parts = parts[1] ? 2 : 1;
+    const int64_t n_first = parts[0]->ne[0];
+    auto token = [&](int p, int64_t t) { return (const float *) ((const char *) parts[p]->data + t * parts[p]->nb[1]); };
 
     int64_t * positives = (int64_t *) params->wdata;
     auto scratch_of = [&](int i) {
@@ -1379,8 +1382,10 @@ void ggml_si_compute_forward_count(const struct ggml_compute_params * params, st
     // k = round(alpha * mean number of positive activations per token); threads take tokens in turn
     int64_t my_positives = 0;  // summed in a register (vectorised), not through the shared array
     for (int64_t t = ith; t < T; t += nth) {
-        const float * a = token(t);
-        for (int64_t i = 0; i < n_load; ++i) my_positives += a[i] > 0.0f;
+        for (int p = 0; p < n_parts; ++p) {
+            const float * a = token(p, t);
+            for (int64_t i = 0; i < parts[p]->ne[0]; ++i) my_positives += a[i] > 0.0f;
+        }
     }
     positives[ith] = my_positives;
     ggml_barrier(params->threadpool);
@@ -1393,14 +1398,18 @@ void ggml_si_compute_forward_count(const struct ggml_compute_params * params, st
     // on every neuron: about half of them are taken)
     std::fill(mine.count, mine.count + n_load, 0);
     for (int64_t t = ith; t < T && k > 0; t += nth) {
-        const float * a = token(t);
         int64_t ties = 0;
 #if defined(SI_PARTITION_SELECT)
-        token_keys(a, n_load, by_magnitude, mine.key);
+        for (int p = 0; p < n_parts; ++p) token_keys(token(p, t), parts[p]->ne[0], by_magnitude, mine.key + p * n_first);
         const uint32_t kth = kth_largest_partition(mine.key, n_load, k, ties, mine.narrowed);
         add_votes(mine.key, n_load, kth, ties, mine.count);
 #else
-        for (int64_t i = 0; i < n_load; ++i) mine.key[i] = si_rule::order_bits(si_rule::rank_key(a[i], by_magnitude));
+        for (int p = 0; p < n_parts; ++p) {
+            const float * a = token(p, t);
+            for (int64_t i = 0; i < parts[p]->ne[0]; ++i) {
+                mine.key[p * n_first + i] = si_rule::order_bits(si_rule::rank_key(a[i], by_magnitude));
+            }
+        }
         const uint32_t kth = si_rule::kth_largest([&](int64_t i) { return mine.key[i]; }, n_load, k, ties, mine.narrowed);
         for (int64_t i = 0; i < n_load; ++i) {
             bool taken = mine.key[i] > kth;

@@ -350,7 +350,8 @@ bool ggml_si_cuda_supports_op(const ggml_tensor * op) {
                    op->src[1]->ne[1] <= 65535;
         case GGML_OP_SI_MUL_ROWS_T:
             return ggml_si_has_fused_loop(op->src[0]->type) && op->src[0]->ne[0] % GROUP_VALUES == 0;
-        case GGML_OP_SI_COUNT:
+        case GGML_OP_SI_COUNT:  // activations in one tensor (the graph joins a prompt's two parts with a GPU present)
+            return op->src[2] == nullptr;
         case GGML_OP_SI_SELECT:
             return true;
         default:

@@ -44,20 +44,26 @@ struct ggml_tensor * ggml_si_mul_rows_t(struct ggml_context * ctx, struct ggml_t
     return out;
 }
 
-struct ggml_tensor * ggml_si_count(struct ggml_context * ctx, struct ggml_tensor * act, struct ggml_tensor * prev,
-                                   float alpha, bool by_magnitude) {
+struct ggml_tensor * ggml_si_count(struct ggml_context * ctx, struct ggml_tensor * act, struct ggml_tensor * act_rest,
+                                   struct ggml_tensor * prev, float alpha, bool by_magnitude) {
     GGML_ASSERT(act->type == GGML_TYPE_F32 && ggml_n_dims(act) <= 2 && ggml_is_contiguous(act));
     GGML_ASSERT(alpha >= 0.0f && alpha <= 1.0f);
+    if (act_rest) {
+        GGML_ASSERT(act_rest->type == GGML_TYPE_F32 && ggml_n_dims(act_rest) <= 2 && ggml_is_contiguous(act_rest));
+        GGML_ASSERT(act_rest->ne[1] == act->ne[1]);
+    }
+    const int64_t n_load = act->ne[0] + (act_rest ? act_rest->ne[0] : 0);
     if (prev) {
-        GGML_ASSERT(prev->type == GGML_TYPE_F32 && ggml_is_vector(prev) && prev->ne[0] == act->ne[0]);
+        GGML_ASSERT(prev->type == GGML_TYPE_F32 && ggml_is_vector(prev) && prev->ne[0] == n_load);
         GGML_ASSERT(ggml_is_contiguous(prev));
     }
-    struct ggml_tensor * out = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, act->ne[0]);
+    struct ggml_tensor * out = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n_load);
     ggml_set_op_params_f32(out, GGML_SI_COUNT_ALPHA, alpha);
     ggml_set_op_params_i32(out, GGML_SI_COUNT_BY_MAGNITUDE, by_magnitude ? 1 : 0);
     out->op     = GGML_OP_SI_COUNT;
     out->src[0] = act;
     out->src[1] = prev;
+    out->src[2] = act_rest;
     return out;
 }
 

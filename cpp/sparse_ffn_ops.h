@@ -37,8 +37,12 @@ GGML_API struct ggml_tensor * ggml_si_mul_rows_t(struct ggml_context * ctx, stru
 //   out[i] = prev[i] + number of tokens t with neuron i among t's top k, k = round(alpha * mean
 //   number of positive activations per token of this batch), ranking a token's neurons by value
 //   (or |value| with by_magnitude); ties to the lower row; NaN ranks below every number.
+//   act_rest [n_rest, T] F32 or NULL: the neurons act [n_first, T] is followed by (n_load = n_first
+//   + n_rest), as a prompt's static and gathered activations come, so that they are not copied
+//   into one tensor first (CPU only).
 GGML_API struct ggml_tensor * ggml_si_count(struct ggml_context * ctx, struct ggml_tensor * act,
-                                            struct ggml_tensor * prev, float alpha, bool by_magnitude);
+                                            struct ggml_tensor * act_rest, struct ggml_tensor * prev, float alpha,
+                                            bool by_magnitude);
 
 // Selection: counts [n_load] F32 -> [n_static + n_dynamic] I32: rows 0..n_static-1 (the static
 // neurons, stored first), then the n_dynamic non-static rows with the highest score(counts),

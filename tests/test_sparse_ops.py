@@ -212,6 +212,26 @@ def test_count_many_neurons_matches_reference(by_magnitude, n_load, n_threads):
             reference_count(act, alpha, by_magnitude).tolist(), alpha
 
 
+@pytest.mark.parametrize("n_first", [1, 16, 448, 1076])
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_count_in_two_parts_matches_reference(n_first, n_threads):
+    # a prompt's static and gathered activations, counted where they are (no copy into one
+    # tensor): the same counts as over the whole, ties and NaN across the seam included
+    rng = np.random.default_rng(12)
+    act = rng.standard_normal((9, 1077)).astype(np.float32)
+    act[1, n_first - 1: n_first + 1] = act[1, 0]  # equal values on both sides of the seam
+    act[2, ::5] = np.nan
+    act[3] = np.round(act[3] * 2) / 2
+    prev = rng.integers(0, 5, 1077).astype(np.float32)
+    first, rest = np.ascontiguousarray(act[:, :n_first]), np.ascontiguousarray(act[:, n_first:])
+    for alpha, by_magnitude in ((0.2, False), (0.5, True), (1.0, False)):
+        for p in (None, prev):
+            inputs = [f32(first), f32(rest)] + ([f32(p)] if p is not None else [])
+            got = out_f32(_native.run_sparse_op("count_parts", inputs, n_threads, alpha=alpha, by_magnitude=by_magnitude),
+                          (1077,))
+            assert got.tolist() == reference_count(act, alpha, by_magnitude, p).tolist(), (alpha, p is None)
+
+
 def test_count_ranks_nan_below_every_number():
     act = np.random.default_rng(7).standard_normal((6, 40)).astype(np.float32)
     act[:, ::3] = np.nan
@@ -301,6 +321,8 @@ def test_op_argument_errors():
         (("mul_rows_t", [w, f32(np.ones((1, 9)))], 1), "more values than the weight has rows"),
         (("count", [f32(np.ones((2, 5))), f32(np.ones(4))], 1, 0, 0, 0.5), "prev must be"),
         (("count", [f32(np.ones((2, 5)))], 1, 0, 0, 1.5), "alpha"),
+        (("count_parts", [f32(np.ones((2, 5))), f32(np.ones((3, 4)))], 1, 0, 0, 0.5), "act's tokens"),
+        (("count_parts", [f32(np.ones((2, 5))), f32(np.ones((2, 4))), f32(np.ones(5))], 1, 0, 0, 0.5), "prev must be"),
         (("select", [f32(np.ones(5))], 1, 3, 3), "n_static \\+ n_dynamic"),
         (("select", [f32(np.ones(5))], 1, -1, 2), "n_static \\+ n_dynamic"),
         (("select", [f32(np.ones(5))], 1, 1, 2, 0.0, False, 0, 3), "score must be"),
