@@ -703,6 +703,7 @@ template <ggml_type T> struct DotRowsInt {
             const __m512 dx = _mm512_loadu_ps(x.d4 + 16 * g), sx = _mm512_loadu_ps(x.s4 + 16 * g);
             // the last group of a row may hold fewer blocks: masked loads read none past them
             const __mmask64 dm_mask = nb == 4 ? ~(__mmask64) 0 : (((__mmask64) 1 << (bytes * (nb - 1) + 4)) - 1);
+#pragma GCC unroll 8  // (not unrolled, GCC keeps acc in memory: a load and a store per row and step)
             for (int k = 0; k < GROUP; ++k) {
                 const uint8_t * p = (const uint8_t *) r[k] + bytes * b;
                 __m512i q = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *) (p + quants_at)));
