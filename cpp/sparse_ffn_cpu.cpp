@@ -458,11 +458,12 @@ constexpr int64_t PANEL_ROWS = 128, TOKEN_CHUNK = 64;
 
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
-// Tokens per work item (a panel of columns x a chunk of tokens) of the int8 and bf16 products:
-// as many as leave every thread two items or more, 64 to 256, a multiple of 32 (the bf16 tiles'
-// tokens). A panel is converted once per item, a third of the int8 op at 64 tokens: with 64-token
-// items a 512-token prompt of a 3B layer's Q4_K down projection took 1.2x the dense layer's time
-// per row, with 256 0.8x (AVX-512 VNNI).
+// Tokens per work item (a panel of columns x a chunk of tokens) of a prompt's down projection (F32,
+// int8 or bf16 panels): as many as leave every thread two items or more, 64 to 256, a multiple of
+// 32 (the bf16 tiles' tokens). A panel is converted once per item, a third of the int8 op at 64
+// tokens. A 512-token prompt of a 3B layer's Q4_K down projection, per row against the dense
+// layer's: int8 (AVX-512 VNNI) 1.2x with 64-token items, 0.8x with 256; bf16 tiles (AMX) 0.9x,
+// 0.5x; F32 (AVX2) 1.8x, 1.6x.
 constexpr int64_t MAX_TOKEN_CHUNK = 4 * TOKEN_CHUNK;
 int64_t prompt_token_chunk(int64_t T, int64_t n_panels, int nth) {
     const int64_t chunks = (2 * nth + n_panels - 1) / n_panels;
@@ -510,14 +511,14 @@ void mul_rows_t_tokens(const ggml_compute_params * params, ggml_tensor * dst) {
     const int64_t n = hs->ne[0], T = hs->ne[1], E = w->ne[0];
     const int64_t panel_width = std::max<int64_t>(64, ggml_blck_size(w->type));  // whole blocks
     const int64_t n_panels = (E + panel_width - 1) / panel_width;
-    const int64_t n_chunks = (T + TOKEN_CHUNK - 1) / TOKEN_CHUNK;
+    const int64_t chunk = prompt_token_chunk(T, n_panels, params->nth), n_chunks = (T + chunk - 1) / chunk;
     float * panel = (float *) params->wdata + params->ith * (PANEL_ROWS * panel_width + 64);
     auto h_row = [&](int64_t t) { return (const float *) ((const char *) hs->data + t * hs->nb[1]); };
     auto c_row = [&](int64_t t) { return (float *) ((char *) dst->data + t * dst->nb[1]); };
 
     for (int64_t item = params->ith; item < n_panels * n_chunks; item += params->nth) {
         const int64_t e0 = (item % n_panels) * panel_width, width = std::min(panel_width, E - e0);
-        const int64_t t0 = (item / n_panels) * TOKEN_CHUNK, t1 = std::min(T, t0 + TOKEN_CHUNK);
+        const int64_t t0 = (item / n_panels) * chunk, t1 = std::min(T, t0 + chunk);
         if (n == 0) {
             for (int64_t t = t0; t < t1; ++t) std::memset(c_row(t) + e0, 0, width * sizeof(float));
         }
