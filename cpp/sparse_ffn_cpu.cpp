@@ -598,9 +598,12 @@ void quantize_activations(const float * h, int64_t n, const Int8Layout & lay, in
                           int32_t * sum) {
     for (int64_t g = 0; g < lay.n_groups; ++g) {
         const int64_t j0 = g * PANEL_ROWS, len = std::min<int64_t>(PANEL_ROWS, n - j0);
+        auto live = [len](int64_t j) {  // the lanes of values j.. within the group
+            return len - j >= 16 ? (__mmask16) 0xffff : (__mmask16) ((1u << (len - j)) - 1);
+        };
         __m512 max_abs = _mm512_setzero_ps();
         for (int64_t j = 0; j < len; j += 16) {
-            const __mmask16 m = len - j >= 16 ? (__mmask16) 0xffff : (__mmask16) ((1u << (len - j)) - 1);
+            const __mmask16 m = live(j);
             max_abs = _mm512_max_ps(max_abs, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, h + j0 + j)));
         }
         const float amax = _mm512_reduce_max_ps(max_abs);
@@ -608,7 +611,7 @@ void quantize_activations(const float * h, int64_t n, const Int8Layout & lay, in
         scale[g] = amax / 127.0f;
         __m512i total = _mm512_setzero_si512();
         for (int64_t j = 0; j < len; j += 16) {
-            const __mmask16 m = len - j >= 16 ? (__mmask16) 0xffff : (__mmask16) ((1u << (len - j)) - 1);
+            const __mmask16 m = live(j);
             const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, h + j0 + j), _mm512_set1_ps(inv)));
             total = _mm512_add_epi32(total, q);
             _mm512_mask_cvtsepi32_storeu_epi8(hq + j0 + j, m, q);
