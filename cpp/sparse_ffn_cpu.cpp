@@ -462,7 +462,7 @@ int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 // int8 or bf16 panels): as many as leave every thread two items or more, 64 to 256, a multiple of
 // 32 (the bf16 tiles' tokens). A panel is converted once per item, a third of the int8 op at 64
 // tokens. A 512-token prompt of a 3B layer's Q4_K down projection, per row against the dense
-// layer's: int8 (AVX-512 VNNI) 1.2x with 64-token items, 0.8x with 256; bf16 tiles (AMX) 0.9x,
+// layer's (plain buffer): int8 (AVX-512 VNNI) 1.2x with 64-token items, 0.8x with 256; bf16 tiles (AMX) 0.9x,
 // 0.5x; F32 (AVX2) 1.8x, 1.6x.
 constexpr int64_t MAX_TOKEN_CHUNK = 4 * TOKEN_CHUNK;
 int64_t prompt_token_chunk(int64_t T, int64_t n_panels, int nth) {
