@@ -462,13 +462,28 @@ int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 // int8 or bf16 panels): as many as leave every thread two items or more, 64 to 256, a multiple of
 // 32 (the bf16 tiles' tokens). A panel is converted once per item, a third of the int8 op at 64
 // tokens. A 512-token prompt of a 3B layer's Q4_K down projection, per row against the dense
-// layer's (plain buffer): int8 (AVX-512 VNNI) 1.2x with 64-token items, 0.8x with 256; bf16 tiles (AMX) 0.9x,
-// 0.5x; F32 (AVX2) 1.8x, 1.6x.
+// layer's (plain buffer): int8 (AVX-512 VNNI) 1.2x with 64-token items, 0.8x with 256; bf16
+// tiles (AMX) 0.9x, 0.5x; F32 (AVX2) 1.8x, 1.6x.
 constexpr int64_t MAX_TOKEN_CHUNK = 4 * TOKEN_CHUNK;
 int64_t prompt_token_chunk(int64_t T, int64_t n_panels, int nth) {
     const int64_t chunks = (2 * nth + n_panels - 1) / n_panels;
     return std::clamp<int64_t>(round_up((T + chunks - 1) / chunks, 32), TOKEN_CHUNK, MAX_TOKEN_CHUNK);
 }
+
+// The work items of a prompt's down projection over E columns and T tokens: panels of pw columns
+// x token chunks, dealt out to the nth threads in turn.
+struct PromptItems {
+    int64_t E, pw, T, n_panels, chunk, count;
+    PromptItems(int64_t E, int64_t pw, int64_t T, int nth)
+        : E(E), pw(pw), T(T), n_panels((E + pw - 1) / pw), chunk(prompt_token_chunk(T, n_panels, nth)),
+          count(n_panels * ((T + chunk - 1) / chunk)) {}
+    // item i: columns [e0, e0 + width) of tokens [t0, t1); thread ith takes items ith, ith + nth, ...
+    struct Item { int64_t e0, width, t0, t1; };
+    Item operator[](int64_t i) const {
+        const int64_t e0 = (i % n_panels) * pw, t0 = (i / n_panels) * chunk;
+        return {e0, std::min(pw, E - e0), t0, std::min(T, t0 + chunk)};
+    }
+};
 
 inline void store(float * p, vfloat v) { std::memcpy(p, &v, sizeof v); }
 
@@ -510,15 +525,13 @@ void mul_rows_t_tokens(const ggml_compute_params * params, ggml_tensor * dst) {
     const RowIds row_of(dst);
     const int64_t n = hs->ne[0], T = hs->ne[1], E = w->ne[0];
     const int64_t panel_width = std::max<int64_t>(64, ggml_blck_size(w->type));  // whole blocks
-    const int64_t n_panels = (E + panel_width - 1) / panel_width;
-    const int64_t chunk = prompt_token_chunk(T, n_panels, params->nth), n_chunks = (T + chunk - 1) / chunk;
     float * panel = (float *) params->wdata + params->ith * (PANEL_ROWS * panel_width + 64);
     auto h_row = [&](int64_t t) { return (const float *) ((const char *) hs->data + t * hs->nb[1]); };
     auto c_row = [&](int64_t t) { return (float *) ((char *) dst->data + t * dst->nb[1]); };
 
-    for (int64_t item = params->ith; item < n_panels * n_chunks; item += params->nth) {
-        const int64_t e0 = (item % n_panels) * panel_width, width = std::min(panel_width, E - e0);
-        const int64_t t0 = (item / n_panels) * chunk, t1 = std::min(T, t0 + chunk);
+    const PromptItems items(E, panel_width, T, params->nth);
+    for (int64_t i = params->ith; i < items.count; i += params->nth) {
+        const auto [e0, width, t0, t1] = items[i];
         if (n == 0) {
             for (int64_t t = t0; t < t1; ++t) std::memset(c_row(t) + e0, 0, width * sizeof(float));
         }
@@ -565,7 +578,6 @@ void mul_rows_t_tokens(const ggml_compute_params * params, ggml_tensor * dst) {
 
 // Below this many tokens requantizing a panel costs more than its products save.
 constexpr int64_t INT8_MIN_TOKENS = 8;
-
 constexpr int64_t INT8_SLICE = 32;  // columns per kernel call: two vectors of 16
 
 // The op's work buffer: the activations as int8 [T][n_pad] (zero-padded), their scale and byte
@@ -720,13 +732,11 @@ void mul_rows_t_tokens_int8(const ggml_compute_params * params, ggml_tensor * ds
     auto * panel_q = (uint8_t *) (mine + lay.panel_bytes);
     auto * col_scale = (float *) (mine + lay.panel_bytes + lay.panel_q_bytes);
     const int64_t pw = lay.panel_width;
-    const int64_t n_panels = (E + pw - 1) / pw, chunk = prompt_token_chunk(T, n_panels, nth);
-    const int64_t n_chunks = (T + chunk - 1) / chunk;
     auto c_row = [&](int64_t t) { return (float *) ((char *) dst->data + t * dst->nb[1]); };
 
-    for (int64_t item = ith; item < n_panels * n_chunks; item += nth) {
-        const int64_t e0 = (item % n_panels) * pw, width = std::min(pw, E - e0);
-        const int64_t t0 = (item / n_panels) * chunk, t1 = std::min(T, t0 + chunk);
+    const PromptItems items(E, pw, T, nth);
+    for (int64_t i = ith; i < items.count; i += nth) {
+        const auto [e0, width, t0, t1] = items[i];
         if (n == 0) {
             for (int64_t t = t0; t < t1; ++t) std::memset(c_row(t) + e0, 0, width * sizeof(float));
         }
@@ -879,14 +889,12 @@ SI_AMX_BF16_TARGET void mul_rows_t_tokens_amx(const ggml_compute_params * params
     auto * tiles = (ggml_bf16_t *) (mine + lay.panel_bytes);
     float * acc = (float *) (mine + lay.panel_bytes + lay.tiles_bytes);  // [chunk][panel_width]
     const int64_t pw = lay.panel_width, n_col_tiles = pw / TILE;
-    const int64_t n_panels = (E + pw - 1) / pw, chunk = prompt_token_chunk(T, n_panels, nth);
-    const int64_t n_chunks = (T + chunk - 1) / chunk;
     const size_t h_stride = lay.n_pad * 2, acc_stride = pw * sizeof(float), b_stride = 2 * TILE * 2;
-    if (n_panels * n_chunks <= ith) return;
+    const PromptItems items(E, pw, T, nth);
+    if (items.count <= ith) return;
     TileScope scope;
-    for (int64_t item = ith; item < n_panels * n_chunks; item += nth) {
-        const int64_t e0 = (item % n_panels) * pw, width = std::min(pw, E - e0);
-        const int64_t t0 = (item / n_panels) * chunk, t1 = std::min(T, t0 + chunk);
+    for (int64_t i = ith; i < items.count; i += nth) {
+        const auto [e0, width, t0, t1] = items[i];
         const int64_t n_token_tiles = round_up(t1 - t0, 2 * TILE) / TILE;
         std::memset(acc, 0, n_token_tiles * TILE * pw * sizeof(float));
         for (int64_t j0 = 0; j0 < n; j0 += PANEL_ROWS) {
