@@ -447,6 +447,10 @@ void mul_rows_t_one_token(const ggml_compute_params * params, ggml_tensor * dst)
 // tile of TILE_T tokens x TILE_E columns accumulates over the rows.
 #if defined(__AVX512F__)
 constexpr int VEC = 16, TILE_T = 8;
+// The lanes of a 16-lane vector that hold values when `left` of them remain (none at 0 or below).
+inline __mmask16 tail_mask(int64_t left) {
+    return left >= 16 ? (__mmask16) 0xffff : left <= 0 ? (__mmask16) 0 : (__mmask16) ((1u << left) - 1);
+}
 #elif defined(__AVX__)
 constexpr int VEC = 8, TILE_T = 6;
 #else
@@ -610,12 +614,9 @@ void quantize_activations(const float * h, int64_t n, const Int8Layout & lay, in
                           int32_t * sum) {
     for (int64_t g = 0; g < lay.n_groups; ++g) {
         const int64_t j0 = g * PANEL_ROWS, len = std::min<int64_t>(PANEL_ROWS, n - j0);
-        auto live = [len](int64_t j) {  // the lanes of values j.. within the group
-            return len - j >= 16 ? (__mmask16) 0xffff : (__mmask16) ((1u << (len - j)) - 1);
-        };
         __m512 max_abs = _mm512_setzero_ps();
         for (int64_t j = 0; j < len; j += 16) {
-            const __mmask16 m = live(j);
+            const __mmask16 m = tail_mask(len - j);
             max_abs = _mm512_max_ps(max_abs, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, h + j0 + j)));
         }
         const float amax = _mm512_reduce_max_ps(max_abs);
@@ -623,7 +624,7 @@ void quantize_activations(const float * h, int64_t n, const Int8Layout & lay, in
         scale[g] = amax / 127.0f;
         __m512i total = _mm512_setzero_si512();
         for (int64_t j = 0; j < len; j += 16) {
-            const __mmask16 m = live(j);
+            const __mmask16 m = tail_mask(len - j);
             const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, h + j0 + j), _mm512_set1_ps(inv)));
             total = _mm512_add_epi32(total, q);
             _mm512_mask_cvtsepi32_storeu_epi8(hq + j0 + j, m, q);
@@ -1103,10 +1104,6 @@ SI_AMX_BF16_TARGET void mul_rows_tokens_amx(const ggml_compute_params * params, 
 // the few left. Same rule and result as si_rule::kth_largest (selection_rule.h), which takes over
 // when a pass keeps every candidate (many equal keys).
 constexpr int64_t SAMPLE = 32;  // also the candidates that are sorted instead
-
-inline __mmask16 tail_mask(int64_t left) {
-    return left >= 16 ? (__mmask16) 0xffff : left <= 0 ? (__mmask16) 0 : (__mmask16) ((1u << left) - 1);
-}
 
 // keys[0..m) (m <= SAMPLE) into out in descending order: each key goes to its rank, the keys
 // above it plus the equal ones before it, counted in two vectors (std::sort's insertion sort of
