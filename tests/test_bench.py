@@ -4,7 +4,7 @@ from gguf import GGUFReader
 
 from helpers import make_predicted_si_model, make_si_model
 
-from selectinfer.bench import bytes_read_per_token, format_table, run_bench
+from selectinfer.bench import bench_configs, bytes_read_per_token, format_table, run_bench
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +72,23 @@ def test_bench_runs_every_configuration_side_by_side(models):
     table = format_table(results).splitlines()
     assert len(table) == 2 + 3 and "bytes ideal" in table[0]
     assert table[2].split("|")[-3].strip() == "1.00x"  # the first model against itself
+
+
+def test_bench_runs_each_configuration_with_flash_attention_on_and_off(models, selectinfer_cmd):
+    dense, si = models
+    # llama.cpp's choice unless asked: the engine gets no flash_attn
+    assert "flash_attn" not in bench_configs([dense])[0].model_kwargs
+    configs = bench_configs([dense, si], compute_ratios=[0.5], flash_attn=(True, False))
+    assert [(c.label, c.model_kwargs["flash_attn"]) for c in configs] == [
+        ("dense.gguf (flash attn on)", True), ("dense.gguf (flash attn off)", False),
+        ("si.gguf (dense over loaded) (flash attn on)", True), ("si.gguf (dense over loaded) (flash attn off)", False),
+        ("si.gguf (phi 0.5) (flash attn on)", True), ("si.gguf (phi 0.5) (flash attn off)", False)]
+    assert configs[4].model_kwargs["compute_ratio"] == configs[5].model_kwargs["compute_ratio"] == 0.5
+    proc = selectinfer_cmd("bench", dense, "-p", "4", "-n", "2", "-r", "1", "-t", "1", "--flash-attn", "both")
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| dense.gguf")]
+    assert len(rows) == 2 and "(flash attn on)" in rows[0] and "(flash attn off)" in rows[1]
+    assert float(rows[1].split("|")[5]) > 0  # decode tok/s of the second
 
 
 def test_bench_json_has_the_table_numbers(models, selectinfer_cmd, tmp_path):

@@ -67,16 +67,23 @@ class BenchConfig:
 
 
 def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, repeats: int = 5,
-              n_threads: int = 0, profiling: bool = False, compute_ratios: list[float] | None = None,
-              strategies: list[str] | None = None, layer_budgets: list[str] | None = None,
-              compensation: list[str] | None = None, repack: tuple[bool, ...] = (True,),
-              n_gpu_layers: int = 0) -> list[BenchResult]:
-    """Benchmarks each model side by side. profiling=True adds each model with profiling on;
+              n_threads: int = 0, **options) -> list[BenchResult]:
+    """Benchmarks each model side by side, in the configurations of bench_configs(paths, **options)."""
+    return run_configs(bench_configs(paths, **options), n_prompt=n_prompt, n_gen=n_gen, repeats=repeats,
+                       n_threads=n_threads)
+
+
+def bench_configs(paths: list[str | Path], *, profiling: bool = False, compute_ratios: list[float] | None = None,
+                  strategies: list[str] | None = None, layer_budgets: list[str] | None = None,
+                  compensation: list[str] | None = None, repack: tuple[bool, ...] = (True,),
+                  flash_attn: tuple[bool | None, ...] = (None,), n_gpu_layers: int = 0) -> list[BenchConfig]:
+    """What run_bench runs: each model; profiling=True adds each model with profiling on;
     compute_ratios runs each SelectInfer model densely over its loaded neurons and at each phi
     within its [delta, gamma], with each of `strategies` (None: the file's), of `layer_budgets`
     (None: uniform) and, for gate-guided and predicted, of `compensation` ("on", the engine's
     default, and/or "off"; None: on);
     repack=(True, False) runs every configuration with and without ggml's weight repacking;
+    flash_attn: every configuration with each of these (None: llama.cpp's choice, True on, False off);
     n_gpu_layers: layers on the GPU (a CUDA build), -1 all."""
     configs = []
     for p in paths:
@@ -104,9 +111,11 @@ def run_bench(paths: list[str | Path], *, n_prompt: int = 64, n_gen: int = 64, r
         if profiling:
             configs.append(BenchConfig(f"{name} (profiling)", p, {"profile": True}, _bytes_read(header)))
     gpu = {"n_gpu_layers": n_gpu_layers} if n_gpu_layers else {}
-    configs = [BenchConfig(c.label + ("" if r else " (no repack)"), c.path, {**c.model_kwargs, "repack": r, **gpu},
-                           c.read_bytes) for c in configs for r in repack]
-    return run_configs(configs, n_prompt=n_prompt, n_gen=n_gen, repeats=repeats, n_threads=n_threads)
+    fa_label = {None: "", True: " (flash attn on)", False: " (flash attn off)"}
+    return [BenchConfig(c.label + ("" if r else " (no repack)") + fa_label[fa], c.path,
+                        {**c.model_kwargs, "repack": r, **gpu, **({} if fa is None else {"flash_attn": fa})},
+                        c.read_bytes)
+            for c in configs for r in repack for fa in flash_attn]
 
 
 def run_configs(configs: list[BenchConfig], *, n_prompt: int = 64, n_gen: int = 64, repeats: int = 5,

@@ -26,10 +26,11 @@ def _cmd_bench(args: argparse.Namespace) -> None:
     from .bench import format_table, run_bench
 
     repack = {"on": (True,), "off": (False,), "both": (True, False)}[args.repack]
+    flash_attn = {"auto": (None,), "on": (True,), "off": (False,), "both": (True, False)}[args.flash_attn]
     results = run_bench(args.models, n_prompt=args.n_prompt, n_gen=args.n_gen, repeats=args.repeats,
                         n_threads=args.threads, profiling=args.profiling, compute_ratios=args.compute_ratios,
                         strategies=args.strategies, layer_budgets=args.layer_budgets,
-                        compensation=args.compensation, repack=repack,
+                        compensation=args.compensation, repack=repack, flash_attn=flash_attn,
                         n_gpu_layers=args.gpu_layers)
     print(f"n_prompt {args.n_prompt}, n_gen {args.n_gen}, {args.repeats} interleaved rounds, "
           f"threads {args.threads or 'all'}" + (f", GPU layers {args.gpu_layers}" if args.gpu_layers else ""))
@@ -259,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "default where the file has gate statistics) and/or without it (off)")
     p.add_argument("--repack", choices=["on", "off", "both"], default="on",
                    help="ggml's weight repacking (AMX, CPU_REPACK): on, off, or every model both ways")
+    p.add_argument("-fa", "--flash-attn", choices=["auto", "on", "off", "both"], default="auto",
+                   help="flash attention: llama.cpp's choice (auto), on, off, or every model both ways")
     p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", type=int, default=0, dest="gpu_layers",
                    help="layers on the GPU (a CUDA build), -1 all (default 0)")
     p.add_argument("--json", help="also write the results to this JSON file")
