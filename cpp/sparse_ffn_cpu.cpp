@@ -70,11 +70,14 @@ void check_row_ids(const ggml_tensor * dst, const char * op) {
     }
 }
 
+int64_t ceil_div(int64_t x, int64_t by) { return (x + by - 1) / by; }
+int64_t round_up(int64_t x, int64_t to) { return ceil_div(x, to) * to; }
+
 // Columns [c0, c1) of t handled by thread ith: whole blocks of t's type.
 void column_range(const ggml_tensor * t, int ith, int nth, int64_t & c0, int64_t & c1) {
     const int64_t blck = ggml_blck_size(t->type);
     const int64_t n_blocks = t->ne[0] / blck;
-    const int64_t per = (n_blocks + nth - 1) / nth;
+    const int64_t per = ceil_div(n_blocks, nth);
     c0 = std::min(n_blocks, per * ith) * blck;
     c1 = std::min(n_blocks, per * (ith + 1)) * blck;
 }
@@ -460,8 +463,6 @@ constexpr int TILE_E = 2 * VEC;
 typedef float vfloat __attribute__((vector_size(VEC * sizeof(float))));
 constexpr int64_t PANEL_ROWS = 128, TOKEN_CHUNK = 64;
 
-int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
-
 // Tokens per work item (a panel of columns x a chunk of tokens) of a prompt's down projection (F32,
 // int8 or bf16 panels): as many as leave every thread two items or more, 64 to 256, a multiple of
 // 32 (the bf16 tiles' tokens). A panel is converted once per item, a third of the int8 op at 64
@@ -470,8 +471,8 @@ int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 // tiles (AMX) 0.9x, 0.5x; F32 (AVX2) 1.8x, 1.6x.
 constexpr int64_t MAX_TOKEN_CHUNK = 4 * TOKEN_CHUNK;
 int64_t prompt_token_chunk(int64_t T, int64_t n_panels, int nth) {
-    const int64_t chunks = (2 * nth + n_panels - 1) / n_panels;
-    return std::clamp<int64_t>(round_up((T + chunks - 1) / chunks, 32), TOKEN_CHUNK, MAX_TOKEN_CHUNK);
+    const int64_t chunks = ceil_div(2 * nth, n_panels);
+    return std::clamp<int64_t>(round_up(ceil_div(T, chunks), 32), TOKEN_CHUNK, MAX_TOKEN_CHUNK);
 }
 
 // The work items of a prompt's down projection over E columns and T tokens: panels of pw columns
@@ -479,8 +480,8 @@ int64_t prompt_token_chunk(int64_t T, int64_t n_panels, int nth) {
 struct PromptItems {
     int64_t E, pw, T, n_panels, chunk, count;
     PromptItems(int64_t E, int64_t pw, int64_t T, int nth)
-        : E(E), pw(pw), T(T), n_panels((E + pw - 1) / pw), chunk(prompt_token_chunk(T, n_panels, nth)),
-          count(n_panels * ((T + chunk - 1) / chunk)) {}
+        : E(E), pw(pw), T(T), n_panels(ceil_div(E, pw)), chunk(prompt_token_chunk(T, n_panels, nth)),
+          count(n_panels * ceil_div(T, chunk)) {}
     // item i: columns [e0, e0 + width) of tokens [t0, t1); thread ith takes items ith, ith + nth, ...
     struct Item { int64_t e0, width, t0, t1; };
     Item operator[](int64_t i) const {
@@ -592,7 +593,7 @@ struct Int8Layout {
     Int8Layout(const ggml_tensor * w, const ggml_tensor * hs) {
         const int64_t T = hs->ne[1];
         n_pad = round_up(hs->ne[0], 64);
-        n_groups = (hs->ne[0] + PANEL_ROWS - 1) / PANEL_ROWS;
+        n_groups = ceil_div(hs->ne[0], PANEL_ROWS);
         panel_width = std::max<int64_t>(64, ggml_blck_size(w->type));
         hq_bytes = (size_t) T * n_pad;
         scales_bytes = (size_t) T * n_groups * (sizeof(float) + sizeof(int32_t));
@@ -905,7 +906,7 @@ SI_AMX_BF16_TARGET void mul_rows_t_tokens_amx(const ggml_compute_params * params
             }
             rows_to_float(w, row_of, j0, rows, e0, width, panel, pw);
             panel_to_tiles(panel, rows, pw, tiles);
-            const int64_t n_k = (rows + PAIR_ROWS - 1) / PAIR_ROWS;
+            const int64_t n_k = ceil_div(rows, PAIR_ROWS);
             for (int64_t tt = 0; tt < n_token_tiles; tt += 2) {
                 for (int64_t ct = 0; ct < n_col_tiles; ct += 2) {
                     float * c = acc + tt * TILE * pw + ct * TILE;
@@ -1464,7 +1465,7 @@ void ggml_si_compute_forward_count(const struct ggml_compute_params * params, st
     }
     ggml_barrier(params->threadpool);
     // threads merge the counts, each a range of neurons, onto the previous batches' counts
-    const int64_t per = (n_load + nth - 1) / nth;
+    const int64_t per = ceil_div(n_load, nth);
     const int64_t i0 = std::min(n_load, per * ith), i1 = std::min(n_load, i0 + per);
     float * out = (float *) dst->data;
     const float * before = prev ? (const float *) prev->data : nullptr;
@@ -1486,7 +1487,7 @@ void ggml_si_compute_forward_select(const struct ggml_compute_params * params, s
     // keys once (the select reads each several times), threads a range each (a decode step's
     // score |act(x)| costs an exp per candidate); then one thread chooses
     uint32_t * keys = (uint32_t *) params->wdata;
-    const int64_t n = n_load - n_static, per = (n + params->nth - 1) / params->nth;
+    const int64_t n = n_load - n_static, per = ceil_div(n, params->nth);
     const int64_t i0 = std::min(n, per * params->ith), i1 = std::min(n, i0 + per);
     for (int64_t i = i0; i < i1; ++i) {
         keys[i] = si_rule::order_bits(si_rule::rank_key(si_rule::scaled_score(candidates[i], score, scale, i), false));
