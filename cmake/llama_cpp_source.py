@@ -44,6 +44,31 @@ def cache_root() -> Path:
     return Path(xdg) / "selectinfer"
 
 
+def compiler_cache_dir(cxx: str) -> Path:
+    """ccache's folder for builds with this compiler on this CPU, created. One per CPU: ccache hashes
+    the words `-march=native`, not what they mean, and an object built for another CPU may fault."""
+    probe = [cxx, "-march=native", "-dM", "-E", "-x", "c++", "-"]  # empty for a cross compiler
+    native = subprocess.run(probe, input="", capture_output=True, text=True).stdout
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256((version + native).encode()).hexdigest()[:16]
+    folder = cache_root() / "ccache" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def ccache_launcher(cxx: str) -> list[str]:
+    """The compiler launcher for a build through ccache, or [] where ccache is not installed.
+    Paths are taken relative (CCACHE_BASEDIR) so that build folders of the same depth share objects."""
+    ccache = shutil.which("ccache")
+    if not ccache:
+        return []
+    try:
+        folder = compiler_cache_dir(cxx)
+    except OSError:  # no such compiler, or a cache that cannot be written: build without ccache
+        return []
+    return ["env", f"CCACHE_DIR={folder}", "CCACHE_BASEDIR=/", "CCACHE_NOHASHDIR=1", ccache]
+
+
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -181,11 +206,16 @@ def main() -> int:
     parser.add_argument("--patches", type=Path, help="folder of *.patch files: print the patched tree's path")
     parser.add_argument("--export-pruned", type=Path, metavar="DIR",
                         help="write the unpatched source, pruned to what the engine's build needs, into DIR")
+    parser.add_argument("--ccache-launcher", metavar="CXX",
+                        help="print the compiler launcher (a CMake list) for builds with CXX through ccache; "
+                             "nothing where ccache is not installed")
     args = parser.parse_args()
-    if not args.patches and not args.export_pruned:
-        parser.error("give --patches or --export-pruned")
+    if not args.patches and not args.export_pruned and not args.ccache_launcher:
+        parser.error("give --patches, --export-pruned or --ccache-launcher")
     try:
-        if args.export_pruned:
+        if args.ccache_launcher:
+            print(";".join(ccache_launcher(args.ccache_launcher)))
+        elif args.export_pruned:
             export_pruned(args.export_pruned)
         else:
             print(patched_tree(args.patches))

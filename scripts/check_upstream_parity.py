@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -66,10 +68,17 @@ def ensure_upstream_venv(venv: Path) -> Path:
     if installed.returncode != 0:
         sdist = llama_cpp_source.fetch_sdist(llama_cpp_source.cache_root())  # same file, sha256-checked
         print(f"building stock llama-cpp-python from {sdist} into {venv} (takes a while)", file=sys.stderr)
-        env = dict(os.environ, CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF")
-        with tempfile.TemporaryDirectory(dir=venv) as tmp:
-            source = stock_source_with_amx_fix(sdist, Path(tmp))
-            subprocess.run([python, "-m", "pip", "install", "--no-deps", str(source)], check=True, env=env)
+        cmake_args = ["-DGGML_NATIVE=ON", "-DGGML_OPENMP=OFF", "-DLLAVA_BUILD=OFF"]
+        launcher = ";".join(llama_cpp_source.ccache_launcher(os.environ.get("CXX", "c++")))
+        if launcher:  # the engine's compiler cache; the fixed source and build folders below let it hit
+            cmake_args += [f"-DCMAKE_C_COMPILER_LAUNCHER={launcher}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={launcher}"]
+        env = dict(os.environ, CMAKE_ARGS=" ".join(shlex.quote(a) for a in cmake_args))
+        shutil.rmtree(venv / "src", ignore_errors=True)
+        source = stock_source_with_amx_fix(sdist, venv / "src")
+        subprocess.run([python, "-m", "pip", "install", "--no-deps", f"--config-settings=build-dir={venv / 'build'}",
+                        str(source)], check=True, env=env)
+        shutil.rmtree(venv / "src", ignore_errors=True)
+        shutil.rmtree(venv / "build", ignore_errors=True)
     return python
 
 

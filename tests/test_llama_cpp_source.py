@@ -113,3 +113,38 @@ def test_installed_build_used_the_current_series():
     assert stamp.exists(), f"{tree} missing: was the package built from this checkout?"
     assert stamp.read_text().split() == [p.name for p in series]
     assert (tree / "include" / "llama.h").exists()
+
+
+def fake_compiler(path: Path, native_macros: str) -> str:
+    """A compiler whose `-march=native` preprocessor output is `native_macros`."""
+    path.write_text(f"#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'fake 1.0'; else echo '{native_macros}'; fi\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_compiler_cache_is_one_per_cpu(tmp_path, monkeypatch):
+    """Objects built with -march=native on one CPU are never found by a build on another
+    (ccache hashes the flag's words only); the same compiler on the same CPU shares one cache."""
+    monkeypatch.setenv("SELECTINFER_CACHE_DIR", str(tmp_path / "cache"))
+    avx2 = fake_compiler(tmp_path / "cc-avx2", "#define __AVX2__ 1")
+    avx512 = fake_compiler(tmp_path / "cc-avx512", "#define __AVX2__ 1\n#define __AVX512F__ 1")
+    avx2_again = fake_compiler(tmp_path / "cc-avx2-again", "#define __AVX2__ 1")
+    folders = [src.compiler_cache_dir(c) for c in (avx2, avx512, avx2_again)]
+    assert folders[0] != folders[1] and folders[0] == folders[2]
+    assert all(f.is_dir() and f.parent == tmp_path / "cache" / "ccache" for f in folders)
+
+
+def test_ccache_launcher_only_where_it_can_work(tmp_path, monkeypatch):
+    monkeypatch.setenv("SELECTINFER_CACHE_DIR", str(tmp_path / "cache"))
+    compiler = fake_compiler(tmp_path / "cc", "#define __AVX2__ 1")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ccache").write_text("#!/bin/sh\n")
+    (bin_dir / "ccache").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    launcher = src.ccache_launcher(compiler)
+    assert launcher[0] == "env" and launcher[-1] == str(bin_dir / "ccache")
+    assert f"CCACHE_DIR={src.compiler_cache_dir(compiler)}" in launcher
+    assert src.ccache_launcher(str(tmp_path / "no-such-compiler")) == []
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert src.ccache_launcher(compiler) == [], "no ccache installed: compile directly"
