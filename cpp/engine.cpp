@@ -299,7 +299,12 @@ Engine::Engine(const ModelParams & params) : params_(params) {
     mp.use_extra_bufts = params_.repack;
     mp.n_gpu_layers = params_.n_gpu_layers;
     take_last_error();
-    model_ = llama_model_load_from_file(params_.path.c_str(), mp);
+    {
+        // the caller's settings win over the environment's as the model loads (dense use) and as
+        // the context's hooks are created
+        const CallerSelection caller(params_.selection);
+        model_ = llama_model_load_from_file(params_.path.c_str(), mp);
+    }
     if (!model_) {
         std::string why = take_last_error();
         // a SelectInfer refusal names its own fix; other failures get the usual suspects
@@ -325,7 +330,6 @@ Engine::Engine(const ModelParams & params) : params_(params) {
         throw;
     }
     {
-        // the caller's settings win over the environment's as the context's hooks are created
         const CallerSelection caller(params_.selection);
         ctx_ = llama_init_from_model(model_, cp);
     }

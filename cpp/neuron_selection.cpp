@@ -41,6 +41,14 @@ std::optional<bool> env_flag(const char * name) {
     return std::strcmp(v, "0") != 0;
 }
 
+// Whether w lies in one of the CPU backend's repacking buffers (AMX, CPU_REPACK): a layout only
+// upstream's matmul reads. (A GPU's buffers are not host memory either, but its kernels gather.)
+bool repacked_on_cpu(const ggml_tensor * w) {
+    if (!w || !w->buffer || ggml_backend_buffer_is_host(w->buffer)) return false;
+    ggml_backend_dev_t device = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(w->buffer));
+    return device && ggml_backend_dev_type(device) == GGML_BACKEND_DEVICE_TYPE_CPU;
+}
+
 // phi and alpha when neither the file nor anyone else says: the authors' reference values,
 // phi 0.4 within [delta, gamma] and alpha 0.2
 constexpr float kDefaultComputeRatio = 0.4f;
@@ -165,6 +173,7 @@ NeuronSelection::NeuronSelection(const llama_model * model, const SiModelInfo & 
         ggml_tensor * gate = l.n_static > 0 ? w.ffn_gate_dyn : w.ffn_gate;  // null when every neuron is static
         ggml_tensor * up = l.n_static > 0 ? w.ffn_up_dyn : w.ffn_up;
         const int64_t n_embd = model->hparams.n_embd;
+        l.gathered_rows_repacked = repacked_on_cpu(gate) || repacked_on_cpu(up);
         if (gate && up && w.ffn_down_t) {
             l.gate_row_bytes = (double) ggml_row_size(gate->type, n_embd);
             l.neuron_bytes = l.gate_row_bytes + (double) ggml_row_size(up->type, n_embd) +
@@ -177,6 +186,12 @@ NeuronSelection::NeuronSelection(const llama_model * model, const SiModelInfo & 
 
 void NeuronSelection::configure(const SelectionOverrides & overrides) {
     apply(overrides.applied_to(file_config_));
+}
+
+bool NeuronSelection::dense_use_requested() {
+    const std::optional<bool> caller = t_caller_selection ? t_caller_selection->dense : std::nullopt;
+    // only the one variable: the others are checked, with their names, as the context is created
+    return caller.value_or(env_flag("SELECTINFER_DENSE").value_or(false));
 }
 
 void NeuronSelection::check_settings(const llama_model * model, const SelectionOverrides & caller) {
@@ -206,6 +221,12 @@ void NeuronSelection::apply(const SelectionConfig & cfg) {
 }
 
 void NeuronSelection::validate(const SelectionConfig & cfg) const {
+    if (!cfg.dense && std::any_of(layers_.begin(), layers_.end(), [](const Layer & l) { return l.gathered_rows_repacked; })) {
+        throw std::invalid_argument(
+            "the model was loaded for dense use (dense=True, --dense or SELECTINFER_DENSE=1 at load): its gathered "
+            "rows are repacked for upstream's matmul and cannot be selected from; load it again without dense to "
+            "compute a subset of its neurons");
+    }
     if (cfg.coreinfer && std::any_of(layers_.begin(), layers_.end(), [](const Layer & l) { return l.n_static > 0; })) {
         throw std::invalid_argument(
             "CoreInfer mode chooses every computed neuron from the prompt, but this file keeps static neurons "

@@ -73,9 +73,9 @@ struct SelectionOverrides {
     static SelectionOverrides from_environment();
 };
 
-// While alive, the contexts this thread creates take `overrides` over the file's and the
-// environment's settings (the engine's caller's own), so that a setting the caller replaces is
-// never the one checked.
+// While alive, the models this thread loads (dense use) and the contexts it creates take
+// `overrides` over the file's and the environment's settings (the engine's caller's own), so that
+// a setting the caller replaces is never the one checked.
 class CallerSelection {
 public:
     explicit CallerSelection(const SelectionOverrides & overrides);
@@ -174,6 +174,11 @@ public:
     // Throws std::invalid_argument when the caller's settings over the file's and the
     // environment's do not fit the model (what a context created under CallerSelection applies).
     static void check_settings(const llama_model * model, const SelectionOverrides & caller);
+    // Whether a model loaded now will only run dense over its loaded neurons (the caller's `dense`,
+    // else SELECTINFER_DENSE): its gathered gate and up rows then load as upstream's matmul kinds,
+    // which ggml repacks where it repacks the original's (AMX, CPU_REPACK), and no step can gather
+    // from them: a context on such a model must be dense too.
+    static bool dense_use_requested();
     const SelectionConfig & config() const { return config_; }
 
     // What the next batches are. By default (programs that do not say, like llama.cpp's tools)
@@ -215,6 +220,7 @@ private:
         int n_select = 0;
         double neuron_bytes = 0;       // weight bytes a decode step reads per computed neuron (gate, up, down)
         double gate_row_bytes = 0;     // of which its gate row (read for every loaded neuron by gate_guided)
+        bool gathered_rows_repacked = false;  // loaded for dense use into a layout only upstream's matmul reads
     };
     NeuronSelection(const llama_model * model, const SiModelInfo & info);
     void apply(const SelectionConfig & config);

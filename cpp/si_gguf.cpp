@@ -504,7 +504,8 @@ void create_gate_predictor(llama_model_base & model, llama_layer & layer, int il
 
 }  // namespace
 
-bool create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff) {
+bool create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff,
+                        bool dense_use) {
     const llama_model_loader & loader = *model.ml;
     const std::string blk = "blk." + std::to_string(il) + ".";
     const ggml_tensor * down_t = loader.get_tensor_meta((blk + "ffn_down_t.weight").c_str());
@@ -522,12 +523,16 @@ bool create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, i
         layer.ffn_up   = model.create_tensor(tn(LLM_TENSOR_FFN_UP, "weight", il), {n_embd, n_static}, 0);
         layer.ffn_down_static = model.create_tensor(tn(LLM_TENSOR_FFN_DOWN_STATIC, "weight", il), {n_static, n_embd}, 0);
         if (n_dynamic > 0) {
-            layer.ffn_gate_dyn = model.create_tensor(tn(LLM_TENSOR_FFN_GATE_DYN, "weight", il), {n_embd, n_dynamic}, 0);
-            layer.ffn_up_dyn   = model.create_tensor(tn(LLM_TENSOR_FFN_UP_DYN, "weight", il), {n_embd, n_dynamic}, 0);
+            const auto gate_kind = dense_use ? LLM_TENSOR_FFN_GATE_DYN_DENSE : LLM_TENSOR_FFN_GATE_DYN;
+            const auto up_kind = dense_use ? LLM_TENSOR_FFN_UP_DYN_DENSE : LLM_TENSOR_FFN_UP_DYN;
+            layer.ffn_gate_dyn = model.create_tensor(tn(gate_kind, "weight", il), {n_embd, n_dynamic}, 0);
+            layer.ffn_up_dyn   = model.create_tensor(tn(up_kind, "weight", il), {n_embd, n_dynamic}, 0);
         }
     } else {  // every row gathered, or a file the checks after the load refuse
-        layer.ffn_gate = model.create_tensor(tn(LLM_TENSOR_FFN_GATE_ROWS, "weight", il), {n_embd, n_ff}, 0);
-        layer.ffn_up   = model.create_tensor(tn(LLM_TENSOR_FFN_UP_ROWS, "weight", il), {n_embd, n_ff}, 0);
+        const auto gate_kind = dense_use ? LLM_TENSOR_FFN_GATE : LLM_TENSOR_FFN_GATE_ROWS;
+        const auto up_kind = dense_use ? LLM_TENSOR_FFN_UP : LLM_TENSOR_FFN_UP_ROWS;
+        layer.ffn_gate = model.create_tensor(tn(gate_kind, "weight", il), {n_embd, n_ff}, 0);
+        layer.ffn_up   = model.create_tensor(tn(up_kind, "weight", il), {n_embd, n_ff}, 0);
         if (n_static > 0) {
             layer.ffn_down_static = model.create_tensor(tn(LLM_TENSOR_FFN_DOWN_STATIC, "weight", il), {n_static, n_embd}, 0);
         }

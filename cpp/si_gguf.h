@@ -74,8 +74,11 @@ std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model,
 // kinds, plain buffers): same file, same bytes, two views of each tensor's data in the loader.
 // A layer without static neurons keeps gate and up whole.
 void split_static_rows(llama_model_loader & loader);
-// Creates the FFN tensors of layer il when it is a SelectInfer layer (false: a dense layer).
-bool create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff);
+// Creates the FFN tensors of layer il when it is a SelectInfer layer (false: a dense layer). For
+// dense use (no step will gather: NeuronSelection::dense_use_requested) every gate and up row is
+// created as upstream's matmul kind, which ggml repacks where it can.
+bool create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff,
+                        bool dense_use);
 
 // The validated info of a loaded model (set by the loader through ffn_hook.h), or null.
 const SiModelInfo * si_model_info(const llama_model & model);

@@ -341,7 +341,8 @@ def test_truncated_si_file_is_refused(models, tmp_path):
 def test_the_static_block_takes_the_originals_kernels(default_model, tmp_path):
     """ggml repacks a SelectInfer layer's static block (gate, up, ffn_down_static) wherever it
     repacks the original's FFN (AMX, CPU_REPACK; plain buffers on a CPU without them), and keeps the
-    gathered rows in plain buffers: the static neurons run on the original's kernels."""
+    gathered rows in plain buffers: the static neurons run on the original's kernels. Loaded for
+    dense use, the gathered gate and up rows do as well."""
     out = tmp_path / "si70.gguf"
     convert(default_model, out, ranking="random", load_ratio=0.7, static_ratio=0.3, progress=False)
     with Model(default_model, n_ctx=64) as m:
@@ -353,6 +354,13 @@ def test_the_static_block_takes_the_originals_kernels(default_model, tmp_path):
             assert placed[f"blk.{il}.{kind}.weight"][1] == original[f"blk.{il}.{kind}.weight"][1], (il, kind)
             assert placed[f"blk.{il}.{kind}_dyn.weight"][1] == "CPU_Mapped"
         assert placed[f"blk.{il}.ffn_down_static.weight"][1] == original[f"blk.{il}.ffn_down.weight"][1]
+        assert placed[f"blk.{il}.ffn_down_t.weight"][1] == "CPU_Mapped"
+    # dense over the loaded neurons gathers nothing: its gathered gate and up rows take the original's kernels too
+    with Model(out, n_ctx=64, dense=True) as m:
+        placed = m.weight_placement()
+    for il in (4, 15, 26):
+        for kind in ("ffn_gate", "ffn_up"):
+            assert placed[f"blk.{il}.{kind}_dyn.weight"][1] == original[f"blk.{il}.{kind}.weight"][1], (il, kind)
         assert placed[f"blk.{il}.ffn_down_t.weight"][1] == "CPU_Mapped"
 
 

@@ -538,6 +538,35 @@ def test_full_compute_ratio_equals_dense_over_loaded(si_model):
     assert np.array_equal(l1, l2)
 
 
+@pytest.mark.parametrize("static_ratio", [0.25, 0.0], ids=["static-rows", "no-static-rows"])
+def test_dense_use_loads_the_gathered_rows_for_upstreams_matmul(tmp_path, static_ratio):
+    """dense=True (nothing will be gathered) loads every gate and up row as upstream's matmul kind:
+    placed where ggml places the original's ffn_gate (CPU_REPACK or AMX where this CPU repacks
+    Q4_0), with the logits of the same file loaded without repacking; ffn_down_t stays gathered."""
+    src, out = tmp_path / "q4_0.gguf", tmp_path / "si.gguf"
+    make_model(src, "tiny-llama", weight_type="Q4_0", seed=5, n_ff=256, n_layer=3)
+    convert(src, out, ranking="random", seed=2, load_ratio=0.75, static_ratio=static_ratio, layers="1:3",
+            progress=False)
+    with Model(src, n_ctx=64) as m:
+        original = m.weight_placement()["blk.1.ffn_gate.weight"][1]
+    print(f"the original's ffn_gate: {original}")
+    gathered = "ffn_{}_dyn" if static_ratio > 0 else "ffn_{}"
+    logits = {}
+    for repack in (True, False):
+        with Model(out, n_ctx=64, dense=True, repack=repack) as m:
+            placed = m.weight_placement()
+            logits[repack] = m.logits(m.tokenize(PROMPT))
+        for il in (1, 2):
+            for kind in ("gate", "up"):
+                name = f"blk.{il}.{gathered.format(kind)}.weight"
+                assert placed[name][1] == (original if repack else "CPU_Mapped"), (name, placed[name])
+            assert placed[f"blk.{il}.ffn_down_t.weight"][1] == "CPU_Mapped"
+    # upstream's repacked kernels quantize the activations to 8 bits, the plain path less coarsely
+    assert np.abs(logits[True] - logits[False]).mean() <= 0.05 * np.abs(logits[False]).mean()
+    with Model(out, n_ctx=64) as m:  # loaded for selection: gathered rows in plain buffers
+        assert m.weight_placement()[f"blk.1.{gathered.format('gate')}.weight"][1] == "CPU_Mapped"
+
+
 def test_sparse_decode_differs_from_dense(si_model):
     with Model(si_model, n_ctx=128, compute_ratio=0.25) as sel, Model(si_model, n_ctx=128, dense=True) as dense:
         prompt = sel.tokenize(PROMPT)
