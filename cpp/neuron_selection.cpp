@@ -223,7 +223,7 @@ void NeuronSelection::apply(const SelectionConfig & cfg) {
 void NeuronSelection::validate(const SelectionConfig & cfg) const {
     if (!cfg.dense && std::any_of(layers_.begin(), layers_.end(), [](const Layer & l) { return l.gathered_rows_repacked; })) {
         throw std::invalid_argument(
-            "the model was loaded for dense use (dense=True, --dense or SELECTINFER_DENSE=1 at load): its gathered "
+            "the model was loaded for dense use (dense=True, --dense-ffn or SELECTINFER_DENSE=1 at load): its gathered "
             "rows are repacked for upstream's matmul and cannot be selected from; load it again without dense to "
             "compute a subset of its neurons");
     }

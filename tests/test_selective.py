@@ -539,7 +539,7 @@ def test_full_compute_ratio_equals_dense_over_loaded(si_model):
 
 
 @pytest.mark.parametrize("static_ratio", [0.25, 0.0], ids=["static-rows", "no-static-rows"])
-def test_dense_use_loads_the_gathered_rows_for_upstreams_matmul(tmp_path, static_ratio):
+def test_dense_use_loads_the_gathered_rows_for_upstreams_matmul(tmp_path, monkeypatch, static_ratio):
     """dense=True (nothing will be gathered) loads every gate and up row as upstream's matmul kind:
     placed where ggml places the original's ffn_gate (CPU_REPACK or AMX where this CPU repacks
     Q4_0), with the logits of the same file loaded without repacking; ffn_down_t stays gathered."""
@@ -549,7 +549,6 @@ def test_dense_use_loads_the_gathered_rows_for_upstreams_matmul(tmp_path, static
             progress=False)
     with Model(src, n_ctx=64) as m:
         original = m.weight_placement()["blk.1.ffn_gate.weight"][1]
-    print(f"the original's ffn_gate: {original}")
     gathered = "ffn_{}_dyn" if static_ratio > 0 else "ffn_{}"
     logits = {}
     for repack in (True, False):
@@ -563,8 +562,16 @@ def test_dense_use_loads_the_gathered_rows_for_upstreams_matmul(tmp_path, static
             assert placed[f"blk.{il}.ffn_down_t.weight"][1] == "CPU_Mapped"
     # upstream's repacked kernels quantize the activations to 8 bits, the plain path less coarsely
     assert np.abs(logits[True] - logits[False]).mean() <= 0.05 * np.abs(logits[False]).mean()
+    name = f"blk.1.{gathered.format('gate')}.weight"
     with Model(out, n_ctx=64) as m:  # loaded for selection: gathered rows in plain buffers
-        assert m.weight_placement()[f"blk.1.{gathered.format('gate')}.weight"][1] == "CPU_Mapped"
+        assert m.weight_placement()[name][1] == "CPU_Mapped"
+    monkeypatch.setenv("SELECTINFER_DENSE", "1")  # as llama.cpp's tools ask for it; the caller's word wins
+    with Model(out, n_ctx=64) as m:
+        assert m.weight_placement()[name][1] == original
+    with Model(out, n_ctx=64, dense=False, compute_ratio=0.5) as m:
+        assert m.weight_placement()[name][1] == "CPU_Mapped"
+        decode(m, m.tokenize(PROMPT), 2)
+        assert all(len(ids) == 128 for ids in m.selected_neurons().values())
 
 
 def test_sparse_decode_differs_from_dense(si_model):
