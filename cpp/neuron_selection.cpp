@@ -545,8 +545,8 @@ ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, 
                                     const Compensation & comp, ggml_tensor * score_scale) {
     ggml_tensor * out = static_block(ctx, w, x);
     if (n_dynamic > 0) {
-        // gate over every gathered neuron (as dense over loaded computes it: upstream's matmul, or
-        // eight rows at a time in integers), the score |act(gate)| (times up's rms), and the
+        // gate over every gathered neuron (gathered_product: upstream's matmul, or eight rows at a
+        // time in integers), the score |act(gate)| (times up's rms), and the
         // n_dynamic best rows of the gathered tensors (ids from 0: row 0 is neuron n_static)
         ggml_tensor * gate = gathered_product(ctx, w.gathered_gate(), x);  // [n_gathered, 1]
         ggml_tensor * chosen = ggml_si_select(ctx, gate, 0, n_dynamic, abs_activation(w), score_scale);
