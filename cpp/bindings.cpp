@@ -101,19 +101,20 @@ PYBIND11_MODULE(_native, m) {
     m.def("run_sparse_op",
           [](const std::string & op, const std::vector<std::tuple<int, std::vector<int64_t>, py::bytes>> & inputs,
              int n_threads, int n_static, int n_dynamic, float alpha, bool by_magnitude, int first_id, int score,
-             const std::string & device) {
+             const std::string & device, const std::string & activation) {
               std::vector<OpInput> ins;
               for (const auto & [type, ne, data] : inputs) ins.push_back({type, ne, std::string(data)});
               std::string out;
               {
                   py::gil_scoped_release release;
-                  out = run_sparse_op(op, ins, n_threads, n_static, n_dynamic, alpha, by_magnitude, first_id, score, device);
+                  out = run_sparse_op(op, ins, n_threads, n_static, n_dynamic, alpha, by_magnitude, first_id, score, device,
+                                      activation);
               }
               return py::bytes(out);
           },
           py::arg("op"), py::arg("inputs"), py::arg("n_threads") = 1, py::arg("n_static") = 0,
           py::arg("n_dynamic") = 0, py::arg("alpha") = 0.0f, py::arg("by_magnitude") = false, py::arg("first_id") = 0,
-          py::arg("score") = 0, py::arg("device") = "CPU",
+          py::arg("score") = 0, py::arg("device") = "CPU", py::arg("activation") = "silu",
           "runs one sparse FFN op on a device, CPU or e.g. CUDA0 (inputs: (ggml type, ne, raw bytes)); returns raw output");
     m.def("time_ffn_layer", &time_ffn_layer, py::arg("type"), py::arg("n_embd"), py::arg("n_ff"), py::arg("n_load"),
           py::arg("n_static"), py::arg("n_select"), py::arg("n_tokens"), py::arg("n_threads"), py::arg("n_reps"),

@@ -443,10 +443,13 @@ SiFfnWeights SiFfnWeights::of(const llama_layer & layer, GatedActivation activat
     return w;
 }
 
-ggml_tensor * SiFfnWeights::gated(ggml_context * ctx, ggml_tensor * gate_out, ggml_tensor * up_out) const {
+ggml_glu_op SiFfnWeights::glu_op() const {
     // as upstream's build_ffn (LLM_FFN_SILU / LLM_FFN_GELU with a parallel gate)
-    return activation == GatedActivation::gelu ? ggml_geglu_split(ctx, gate_out, up_out)
-                                               : ggml_swiglu_split(ctx, gate_out, up_out);
+    return activation == GatedActivation::gelu ? GGML_GLU_OP_GEGLU : GGML_GLU_OP_SWIGLU;
+}
+
+ggml_tensor * SiFfnWeights::gated(ggml_context * ctx, ggml_tensor * gate_out, ggml_tensor * up_out) const {
+    return ggml_glu_split(ctx, gate_out, up_out, glu_op());
 }
 
 namespace {
@@ -480,15 +483,19 @@ bool no_gpu_device() {
     return !ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU) && !ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU);
 }
 
+// Whether a weight lives in host memory and no GPU is there to take a node that reads it (a tensor
+// without a buffer lives in its context's CPU memory).
+bool on_cpu_only(const ggml_tensor * w) {
+    const bool in_host_memory = w->buffer ? ggml_backend_buffer_is_host(w->buffer) : w->data != nullptr;
+    return in_host_memory && no_gpu_device();
+}
+
 }  // namespace
 
 ggml_tensor * gathered_product(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
     // every gathered row on the CPU by our kernel where it is the faster; with a GPU present
-    // upstream may offload a big batch's mul_mat, so it stays (a tensor without a buffer lives in
-    // its context's CPU memory)
-    const bool in_host_memory = w->buffer ? ggml_backend_buffer_is_host(w->buffer) : w->data != nullptr;
-    const bool on_cpu_only = in_host_memory && no_gpu_device();
-    return on_cpu_only && own_cpu_kernel(w, x) ? ggml_si_mul_rows(ctx, w, x, nullptr, 0) : ggml_mul_mat(ctx, w, x);
+    // upstream may offload a big batch's mul_mat, so it stays
+    return on_cpu_only(w) && own_cpu_kernel(w, x) ? ggml_si_mul_rows(ctx, w, x, nullptr, 0) : ggml_mul_mat(ctx, w, x);
 }
 
 LoadedFfn build_loaded_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x) {
@@ -533,6 +540,10 @@ ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_
     ggml_tensor * out = static_block(ctx, w, x);
     if (n_dynamic > 0) {
         ggml_tensor * dynamic = ggml_view_1d(ctx, ids, n_dynamic, w.n_static * sizeof(int32_t));
+        ggml_tensor * gate = w.gathered_gate(), * up = w.gathered_up();
+        if (x->ne[1] == 1 && gate->type == up->type && on_cpu_only(gate) && on_cpu_only(up) && on_cpu_only(w.down_t)) {
+            return ggml_si_ffn_rows(ctx, gate, up, w.down_t, x, dynamic, w.n_static, w.glu_op(), out);
+        }
         ggml_tensor * act = w.gated(ctx, ggml_si_mul_rows(ctx, w.gathered_gate(), x, dynamic, w.n_static),
                                     ggml_si_mul_rows(ctx, w.gathered_up(), x, dynamic, w.n_static));
         ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, dynamic, w.n_static, nullptr);

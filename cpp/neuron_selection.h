@@ -104,8 +104,9 @@ struct SiFfnWeights {
     int n_static = 0;
 
     static SiFfnWeights of(const llama_layer & layer, GatedActivation activation);
-    // act(gate) * up, with the architecture's activation
+    // act(gate) * up, with the architecture's activation (glu_op: upstream's name for it)
     ggml_tensor * gated(ggml_context * ctx, ggml_tensor * gate, ggml_tensor * up) const;
+    ggml_glu_op glu_op() const;
     ggml_tensor * gathered_gate() const { return n_static > 0 ? gate_dyn : gate; }
     ggml_tensor * gathered_up() const { return n_static > 0 ? up_dyn : up; }
 };
@@ -127,7 +128,8 @@ ggml_tensor * gathered_product(ggml_context * ctx, ggml_tensor * w, ggml_tensor 
 
 // A decode step's FFN of a SelectInfer layer over the selection ids (the n_static static neurons
 // first, then n_dynamic gathered ones): the static block by upstream's matmul, the dynamic
-// neurons by the sparse ops (gate and up: ggml_si_mul_rows; down: ggml_si_mul_rows_t).
+// neurons by the sparse ops: on the CPU alone one ggml_si_ffn_rows node (added to the static
+// block's output), else gate and up by ggml_si_mul_rows, down by ggml_si_mul_rows_t.
 ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, ggml_tensor * ids,
                                int n_dynamic);
 

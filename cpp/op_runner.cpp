@@ -93,7 +93,7 @@ void require_row_ids(const ggml_tensor * ids, const OpInput & in, int64_t first_
 
 std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & inputs, int n_threads, int n_static,
                           int n_dynamic, float alpha, bool by_magnitude, int first_id, int score,
-                          const std::string & device) {
+                          const std::string & device, const std::string & activation) {
     require(n_threads >= 1 && n_threads <= 512, "n_threads must be in [1, 512]");
     ggml_init_params params = {64 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, /*no_alloc=*/true};
     std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx(ggml_init(params), ggml_free);
@@ -122,6 +122,21 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
         }
         out = ggml_si_mul_rows_t(ctx.get(), t[0], t[1], t.size() >= 3 ? t[2] : nullptr, first_id,
                                  t.size() == 4 ? t[3] : nullptr);
+    } else if (op == "ffn_rows" && (t.size() == 5 || t.size() == 6)) {
+        // gate, up, down_t, x, ids [, prev]
+        require(t[0]->type == t[1]->type && ggml_are_same_shape(t[0], t[1]), "gate and up must have one type and shape");
+        require(t[2]->ne[1] == t[0]->ne[1], "down_t must have the gate's rows");
+        require_f32(t[3], "x");
+        require(ggml_n_dims(t[3]) == 1 && t[3]->ne[0] == t[0]->ne[0], "x must be one token of the gate's row length");
+        require(first_id >= 0, "first_id must be >= 0");
+        require_row_ids(t[4], inputs[4], first_id, t[0]->ne[1]);
+        if (t.size() == 6) {
+            require_f32(t[5], "prev");
+            require(ggml_n_dims(t[5]) == 1 && t[5]->ne[0] == t[2]->ne[0], "prev must be [the down rows' length]");
+        }
+        require(activation == "silu" || activation == "gelu", "activation must be silu or gelu");
+        out = ggml_si_ffn_rows(ctx.get(), t[0], t[1], t[2], t[3], t[4], first_id,
+                               activation == "gelu" ? GGML_GLU_OP_GEGLU : GGML_GLU_OP_SWIGLU, t.size() == 6 ? t[5] : nullptr);
     } else if ((op == "count" && (t.size() == 1 || t.size() == 2)) || (op == "count_parts" && (t.size() == 2 || t.size() == 3))) {
         // count: act [, prev]; count_parts: act, act_rest [, prev]
         const bool parts = op == "count_parts";

@@ -12,6 +12,9 @@
 //               dpbusd, two blocks per vector), other types row by row;
 //               several tokens: a blocked GEMM over F32 panels of the weight (quantized and
 //               BF16 rows on AMX bf16 tiles where the CPU has them).
+//   ffn_rows    one token, the gathered neurons' whole FFN (gate and up as mul_rows, the GLU,
+//               down as mul_rows_t, plus the static block's output) in one op, each thread
+//               running the whole FFN of its groups of neurons: one barrier where those ops had five.
 //   count       a prompt batch's votes: threads rank tokens in turn (a radix select per token,
 //               selection_rule.h; with AVX-512 partitions in vectors), then merge the counts by
 //               rows.
@@ -49,7 +52,7 @@ struct RowIds {
     int64_t n = 0;
 
     explicit RowIds(const ggml_tensor * dst) {
-        if (const ggml_tensor * t = dst->src[2]) {
+        if (const ggml_tensor * t = dst->src[dst->op == GGML_OP_SI_FFN_ROWS ? 4 : 2]) {
             ids = (const int32_t *) t->data;
             n = t->ne[0];
         }
@@ -441,6 +444,145 @@ void mul_rows_t_one_token(const ggml_compute_params * params, ggml_tensor * dst)
         float sum = 0.0f;
         for (int t = 0; t < nth; ++t) sum += ((const float *) params->wdata)[(int64_t) t * 2 * stride + c];
         out[c] = sum;
+    }
+}
+
+// --- one token, the gathered neurons' whole FFN in one op ----------------------------------------
+// As ops of their own, the gathered gate, up, activation, down projection and the sum with the
+// static block are five graph nodes a layer, each ending at a barrier where both threads wait for
+// the slower (ggml_barrier took 16% of a decode step's samples on the default model, 2 threads).
+// Here each thread takes groups of ADD_GROUP neurons in turn, as mul_rows_t_one_token deals them,
+// and runs the whole FFN of a group: its gate and up rows dotted with x as ggml_si_mul_rows does,
+// the activation as upstream's GLU op does, its down rows added into the thread's output row as
+// mul_rows_t_one_token does; so the values are those of the five ops. x is quantized (or
+// converted) by each thread for itself rather than once behind a barrier: one barrier in all,
+// before the threads' rows are summed.
+
+// How a one-token product of rows with x runs for a weight type: float weights in the fused
+// loop (several rows in flight); quantized ones in integers eight rows at a time where the CPU
+// has those loops, else ggml's vec_dot with a quantized x (faster than converting the weights).
+enum class DotPath { float_rows, int_rows, vec_dot };
+
+DotPath one_token_dot_path(ggml_type type, int64_t K) {
+    const bool float_weights = type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16;
+    if (K % 32 == 0 && float_weights && has_block_loop(type)) return DotPath::float_rows;
+#if defined(SI_INT_DOTS)
+    if (K % 32 == 0 && has_int_dots_for(type)) return DotPath::int_rows;
+#endif
+    return DotPath::vec_dot;
+}
+
+// A thread's part of ggml_si_ffn_rows's work buffer: x in the form its dot path takes, then the
+// private output row (E floats) and a converted down row (E floats), a cache line or more apart.
+struct FfnRowsScratch {
+    static size_t x_bytes(ggml_type type, int64_t K) {
+        size_t bytes = ggml_row_size(ggml_get_type_traits_cpu(type)->vec_dot_type, K);
+#if defined(SI_INT_DOTS)
+        bytes = std::max(bytes, int8_vector_bytes(K));
+#endif
+        return (size_t) round_up((int64_t) bytes + 64, 64);
+    }
+    static size_t per_thread_bytes(ggml_type type, int64_t K, int64_t E) {
+        return x_bytes(type, K) + 2 * (size_t) round_up(E + 16, 16) * sizeof(float);
+    }
+    FfnRowsScratch(void * wdata, int ith, ggml_type type, int64_t K, int64_t E) {
+        char * base = (char *) wdata + (size_t) ith * per_thread_bytes(type, K, E);
+        x = base;
+        y = (float *) (base + x_bytes(type, K));
+        chunk = y + round_up(E + 16, 16);
+    }
+    char * x;
+    float * y;
+    float * chunk;
+};
+
+void ffn_rows_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
+    const ggml_tensor * gate = dst->src[0], * up = dst->src[1], * down = dst->src[2], * prev = dst->src[5];
+    const float * x = (const float *) dst->src[3]->data;
+    const RowIds row_of(dst);
+    const ggml_glu_op glu = (ggml_glu_op) ggml_get_op_params_i32(dst, GGML_SI_FFN_ROWS_GLU);
+    const int64_t n = row_of.n, K = gate->ne[0], E = down->ne[0];
+    const int ith = params->ith, nth = params->nth;
+    const FfnRowsScratch scratch(params->wdata, ith, gate->type, K, E);
+    std::memset(scratch.y, 0, E * sizeof(float));
+
+    const DotPath path = one_token_dot_path(gate->type, K);
+    const auto * traits = ggml_get_type_traits_cpu(gate->type);
+#if defined(SI_INT_DOTS)
+    const Int8Vector xq = int8_vector_at(scratch.x, K);
+#endif
+    if (path == DotPath::int_rows) {
+#if defined(SI_INT_DOTS)
+        quantize_int8(x, K, xq);
+        with_block_type<IntDotsInput>(gate->type, xq, K);
+#endif
+    } else if (path == DotPath::vec_dot && traits->vec_dot_type != GGML_TYPE_F32) {
+        ggml_get_type_traits_cpu(traits->vec_dot_type)->from_float(x, scratch.x, K);
+    }
+    const char * x_vdt = traits->vec_dot_type == GGML_TYPE_F32 ? (const char *) x : scratch.x;
+    // gate or up values of rows[0..nr): GROUP rows per call of the fused loops
+    auto dot_rows = [&](const ggml_tensor * w, const char * const * rows, int nr, const char * const * next, int n_next,
+                        float * out) {
+        for (int k0 = 0; k0 < nr; k0 += GROUP) {
+            const int m = std::min(GROUP, nr - k0);
+            if (path == DotPath::float_rows) {
+                with_block_type<DotRows>(w->type, rows + k0, m, x, K, out + k0);
+#if defined(SI_INT_DOTS)
+            } else if (path == DotPath::int_rows) {
+                const int m_next = std::max(0, std::min(GROUP, n_next - k0));
+                with_block_type<IntDots>(w->type, rows + k0, m, xq, K, out + k0, next + k0, m_next);
+#endif
+            } else {
+                for (int k = k0; k < k0 + m; ++k) traits->vec_dot((int) K, out + k, 0, rows[k], 0, x_vdt, 0, 1);
+            }
+        }
+    };
+    const size_t down_row_bytes = ggml_row_size(down->type, E);
+    for (int64_t j = ith * ADD_GROUP; j < n; j += nth * ADD_GROUP) {
+        const int nr = (int) std::min<int64_t>(ADD_GROUP, n - j);
+        const int64_t j_next = j + nth * ADD_GROUP;
+        const int n_next = (int) std::clamp<int64_t>(n - j_next, 0, ADD_GROUP);
+        const char * g_rows[ADD_GROUP], * u_rows[ADD_GROUP], * d_rows[ADD_GROUP];
+        const char * g_next[ADD_GROUP], * u_next[ADD_GROUP], * d_next[ADD_GROUP];
+        for (int k = 0; k < nr; ++k) {
+            const int64_t r = row_of(j + k);
+            g_rows[k] = (const char *) gate->data + r * gate->nb[1];
+            u_rows[k] = (const char *) up->data + r * up->nb[1];
+            d_rows[k] = (const char *) down->data + r * down->nb[1];
+        }
+        for (int k = 0; k < n_next; ++k) {
+            const int64_t r = row_of(j_next + k);
+            g_next[k] = (const char *) gate->data + r * gate->nb[1];
+            u_next[k] = (const char *) up->data + r * up->nb[1];
+            d_next[k] = (const char *) down->data + r * down->nb[1];
+        }
+        float g[ADD_GROUP], u[ADD_GROUP], h[ADD_GROUP];
+        dot_rows(gate, g_rows, nr, g_next, n_next, g);
+        dot_rows(up, u_rows, nr, u_next, n_next, u);
+        if (glu == GGML_GLU_OP_GEGLU) {
+            ggml_vec_geglu_f32(nr, h, g, u);
+        } else {
+            ggml_vec_swiglu_f32(nr, h, g, u);
+        }
+        if (add_rows_fused(down->type, d_rows, h, nr, E, scratch.y, d_next, n_next)) continue;
+        for (int k = 0; k < n_next; ++k) prefetch_row_start(d_next[k], down_row_bytes);
+        for (int k = 0; k < nr; ++k) {
+            if (h[k] == 0.0f) continue;
+            rows_to_float(down, row_of, j + k, 1, 0, E, scratch.chunk, E);
+            ggml_vec_mad_f32((int) E, scratch.y, scratch.chunk, h[k]);
+        }
+    }
+    ggml_barrier(params->threadpool);
+    int64_t c0, c1;
+    column_range(dst, ith, nth, c0, c1);
+    float * out = (float *) dst->data;
+    const float * prev_out = prev ? (const float *) prev->data : nullptr;
+    const float * y0 = FfnRowsScratch(params->wdata, 0, gate->type, K, E).y;  // thread t's: t * y_stride on
+    const size_t y_stride = FfnRowsScratch::per_thread_bytes(gate->type, K, E) / sizeof(float);
+    for (int64_t c = c0; c < c1; ++c) {
+        float sum = 0.0f;
+        for (int t = 0; t < nth; ++t) sum += y0[t * y_stride + c];
+        out[c] = prev_out ? prev_out[c] + sum : sum;
     }
 }
 
@@ -1301,6 +1443,9 @@ size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks) {
             const int64_t panel = PANEL_ROWS * std::max<int64_t>(64, ggml_blck_size(node->src[0]->type)) + 64;
             return (size_t) n_tasks * std::max<int64_t>(2 * (E + 64), panel) * sizeof(float);
         }
+        case GGML_OP_SI_FFN_ROWS:
+            return (size_t) n_tasks * FfnRowsScratch::per_thread_bytes(node->src[0]->type, node->src[0]->ne[0],
+                                                                       node->src[2]->ne[0]);
         case GGML_OP_SI_COUNT:
             // per thread: a positives count, then per neuron a key, a narrowed key and a count
             return (size_t) n_tasks * (sizeof(int64_t) + count_scratch_bytes(node->ne[0])) + 64;
@@ -1322,10 +1467,8 @@ void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params,
     const int ith = params->ith, nth = params->nth;
     check_row_ids(dst, "ggml_si_mul_rows");
 
-    // float weights: the fused loop (several rows in flight); quantized ones: ggml's vec_dot
-    // with a quantized x (integer dot products) is faster than converting the weights
-    const bool float_weights = w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16;
-    if (T == 1 && K % 32 == 0 && float_weights && has_block_loop(w->type)) {
+    const DotPath one_token = T == 1 ? one_token_dot_path(w->type, K) : DotPath::vec_dot;
+    if (one_token == DotPath::float_rows) {
         mul_rows_one_token(params, dst);
         return;
     }
@@ -1346,7 +1489,7 @@ void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params,
     }
 #endif
 #if defined(SI_INT_DOTS)
-    if (T == 1 && K % 32 == 0 && has_int_dots_for(w->type)) {
+    if (one_token == DotPath::int_rows) {
         mul_rows_int_one_token(params, dst);
         return;
     }
@@ -1404,6 +1547,11 @@ void ggml_si_compute_forward_mul_rows_t(const struct ggml_compute_params * param
     }
 #endif
     mul_rows_t_tokens(params, dst);
+}
+
+void ggml_si_compute_forward_ffn_rows(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
+    check_row_ids(dst, "ggml_si_ffn_rows");
+    ffn_rows_one_token(params, dst);
 }
 
 void ggml_si_compute_forward_count(const struct ggml_compute_params * params, struct ggml_tensor * dst) {

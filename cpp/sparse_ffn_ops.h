@@ -1,5 +1,5 @@
 // selectinfer's ggml ops (step 3, selective computation), wired into ggml by
-// ggml-patches/0003-sparse-ffn-ops.patch: four entries in `enum ggml_op`, their names, and
+// ggml-patches/0003-sparse-ffn-ops.patch: five entries in `enum ggml_op`, their names, and
 // the CPU dispatch. Graph constructors live in sparse_ffn_ops.cpp (ggml-base), CPU kernels in
 // sparse_ffn_cpu.cpp (ggml-cpu).
 //
@@ -29,6 +29,17 @@ GGML_API struct ggml_tensor * ggml_si_mul_rows(struct ggml_context * ctx, struct
 GGML_API struct ggml_tensor * ggml_si_mul_rows_t(struct ggml_context * ctx, struct ggml_tensor * w,
                                                  struct ggml_tensor * h, struct ggml_tensor * ids, int first_id,
                                                  struct ggml_tensor * h_offset);
+// A decode step's whole FFN over gathered neurons (one token, CPU):
+//   gate, up [K, R], down_t [E, R] (the three weights of the same neurons, rows first_id on),
+//   x [K, 1] F32, ids [n] I32, prev [E, 1] F32 or NULL (zeros) -> [E, 1] F32,
+//   out = prev + sum_j glu(gate[r_j] . x, up[r_j] . x) * down_t[r_j, :],  r_j = ids[j] - first_id
+// glu: GGML_GLU_OP_SWIGLU or GGML_GLU_OP_GEGLU, as ggml_swiglu_split / ggml_geglu_split. The
+// same values as ggml_si_mul_rows (gate and up), the GLU op and ggml_si_mul_rows_t, added to prev:
+// one graph node where those are five.
+GGML_API struct ggml_tensor * ggml_si_ffn_rows(struct ggml_context * ctx, struct ggml_tensor * gate,
+                                               struct ggml_tensor * up, struct ggml_tensor * down_t,
+                                               struct ggml_tensor * x, struct ggml_tensor * ids, int first_id,
+                                               enum ggml_glu_op glu, struct ggml_tensor * prev);
 // A prompt's neuron selection is two ops, so that a prompt evaluated in several batches selects
 // from all of its tokens: each batch adds its counts to the previous batches' (a per-layer tensor
 // the graph copies the result back into), and the selection reads the running counts.
@@ -61,7 +72,8 @@ GGML_API struct ggml_tensor * ggml_si_select(struct ggml_context * ctx, struct g
 GGML_API struct ggml_tensor * ggml_si_weight_op(struct ggml_context * ctx, struct ggml_tensor * w, enum ggml_op op);
 
 // Op parameter slots (ggml_set_op_params_*).
-enum ggml_si_mul_rows_param { GGML_SI_MUL_ROWS_FIRST_ID = 0 };  // both row ops
+enum ggml_si_mul_rows_param { GGML_SI_MUL_ROWS_FIRST_ID = 0 };  // the three row ops
+enum ggml_si_ffn_rows_param { GGML_SI_FFN_ROWS_GLU = 1 };
 enum ggml_si_count_param { GGML_SI_COUNT_ALPHA = 0, GGML_SI_COUNT_BY_MAGNITUDE = 1 };
 enum ggml_si_select_param { GGML_SI_SELECT_N_STATIC = 0, GGML_SI_SELECT_N_DYNAMIC = 1, GGML_SI_SELECT_SCORE = 2 };
 
@@ -69,6 +81,7 @@ enum ggml_si_select_param { GGML_SI_SELECT_N_STATIC = 0, GGML_SI_SELECT_N_DYNAMI
 struct ggml_compute_params;
 void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params, struct ggml_tensor * dst);
 void ggml_si_compute_forward_mul_rows_t(const struct ggml_compute_params * params, struct ggml_tensor * dst);
+void ggml_si_compute_forward_ffn_rows(const struct ggml_compute_params * params, struct ggml_tensor * dst);
 void ggml_si_compute_forward_count(const struct ggml_compute_params * params, struct ggml_tensor * dst);
 void ggml_si_compute_forward_select(const struct ggml_compute_params * params, struct ggml_tensor * dst);
 // The weight types the row ops have a fused loop for, on every CPU (converting in registers,

@@ -160,6 +160,73 @@ def test_mul_rows_t_with_offset(type_name, n_threads):
         assert error.max() <= 1e-5 * np.abs(expected).max()
 
 
+def ffn_rows_case(gate_type, down_type, seed, rows=300, n_ids=101):
+    """A gathered layer's weights as ggml_si_ffn_rows reads them: gate and up [K, rows] of one type,
+    down_t [E, rows] (K and E whole blocks, several of the kernels' vectors), one token x, and ids
+    (unsorted, with repeats, 101 = six groups of 16 and a partial one)."""
+    K = 3 * max(BLOCK[gate_type], 64)
+    E = max(2 * BLOCK[down_type], 160)
+    gate, gate_values = weights(gate_type, rows, K, seed)
+    up, up_values = weights(gate_type, rows, K, seed + 1)
+    down, down_values = weights(down_type, rows, E, seed + 2)
+    rng = np.random.default_rng(seed + 3)
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    ids = rng.integers(0, rows, n_ids).astype(np.int32)
+    return (gate, up, down, x, ids), (gate_values, up_values, down_values)
+
+
+def ffn_rows_reference(values, x, ids, activation, prev):
+    gate_values, up_values, down_values = values
+    act = gelu if activation == "gelu" else silu
+    h = act(x.astype(np.float64) @ gate_values[ids].T) * (x.astype(np.float64) @ up_values[ids].T)
+    return h @ down_values[ids] + (0.0 if prev is None else prev.astype(np.float64))
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+@pytest.mark.parametrize("activation", ["silu", "gelu"])
+def test_ffn_rows(type_name, n_threads, activation):
+    # a decode step's gathered FFN in one op: against numpy, and against the ops it stands for run
+    # one by one (gate and up by mul_rows, the activation in numpy, down by mul_rows_t), first_id
+    # set as for a layer whose gathered rows start after its static ones
+    (gate, up, down, x, ids), values = ffn_rows_case(type_name, type_name, seed=11)
+    first_id = 7
+    prev = np.random.default_rng(12).standard_normal(down[1][0]).astype(np.float32)
+    inputs = [gate, up, down, f32(x), i32(ids + first_id), f32(prev)]
+    got = out_f32(_native.run_sparse_op("ffn_rows", inputs, n_threads, first_id=first_id, activation=activation),
+                  (1, down[1][0]))
+    expected = ffn_rows_reference(values, x, ids, activation, prev)
+    error, scale = np.abs(got - expected), np.abs(expected).max()
+    # gate and up with x in 8 bits (mul_rows' bound), down's rows in 8-bit factors: a few percent
+    # at most, a mean square error ~1e-4 of the result's, not the ~1 of a misplaced neuron
+    assert error.max() <= 5 * BOUND[type_name] * scale
+    assert (error ** 2).mean() <= 1e-3 * (expected ** 2).mean()
+
+    def op(name, ins, shape):
+        return out_f32(_native.run_sparse_op(name, ins, n_threads, first_id=first_id), shape).astype(np.float64)
+    g = op("mul_rows", [gate, f32(x), i32(ids + first_id)], (1, len(ids)))
+    u = op("mul_rows", [up, f32(x), i32(ids + first_id)], (1, len(ids)))
+    h = (gelu(g) if activation == "gelu" else silu(g)) * u
+    in_steps = op("mul_rows_t", [down, f32(h), i32(ids + first_id)], (1, down[1][0])) + prev
+    # the same kernels: apart only by the activation's float32 rounding (numpy's is float64)
+    assert np.abs(got - in_steps).max() <= 2e-3 * scale
+
+
+@pytest.mark.parametrize("gate_type,down_type", [("Q4_K", "Q6_K"), ("Q5_0", "Q8_0"), ("Q4_1", "F16"), ("F16", "Q4_0")])
+@pytest.mark.parametrize("with_prev", [True, False])
+def test_ffn_rows_down_of_another_type(gate_type, down_type, with_prev):
+    # files keep down_t in another type than gate and up (Q4_K_M's Q6_K down; Q8_0 where a row is
+    # not whole blocks of the source's type); no static block's output to add when prev is absent
+    (gate, up, down, x, ids), values = ffn_rows_case(gate_type, down_type, seed=21, n_ids=40)
+    prev = np.random.default_rng(22).standard_normal(down[1][0]).astype(np.float32) if with_prev else None
+    inputs = [gate, up, down, f32(x), i32(ids)] + ([f32(prev)] if with_prev else [])
+    got = out_f32(_native.run_sparse_op("ffn_rows", inputs, 2), (1, down[1][0]))
+    expected = ffn_rows_reference(values, x, ids, "silu", prev)
+    error = np.abs(got - expected)
+    assert error.max() <= 5 * max(BOUND[gate_type], BOUND[down_type]) * np.abs(expected).max()
+    assert (error ** 2).mean() <= 1e-3 * (expected ** 2).mean()
+
+
 def run_count(act, alpha, by_magnitude, n_threads, prev=None):
     inputs = [f32(act)] + ([f32(prev)] if prev is not None else [])
     return out_f32(_native.run_sparse_op("count", inputs, n_threads, alpha=alpha, by_magnitude=by_magnitude),
@@ -331,10 +398,17 @@ def test_op_argument_errors():
         (("mul_rows", [(int(T.Q4_0), [48, 2], b"\0" * 100), x, i32([0])], 1), "whole blocks"),
         (("mul_rows", [(999, [64, 2], b""), x, i32([0])], 1), "unknown ggml type"),
         (("mul_rows", [w, x, i32([0])], 0), "n_threads"),
+        (("ffn_rows", [w, w, w, f32(np.ones(64)), i32([3, 8])], 1), "row id 8 outside"),
+        (("ffn_rows", [w, w, w, f32(np.ones(64)), i32([3]), f32(np.ones(63))], 1), "prev must be"),
+        (("ffn_rows", [w, weights("F16", 8, 64, 0)[0], w, f32(np.ones(64)), i32([3])], 1), "one type and shape"),
+        (("ffn_rows", [w, w, weights("F32", 7, 64, 0)[0], f32(np.ones(64)), i32([3])], 1), "down_t must have"),
+        (("ffn_rows", [w, w, w, f32(np.ones((2, 64))), i32([3])], 1), "x must be one token"),
     ]
     for args, match in bad:
         with pytest.raises(ValueError, match=match):
             _native.run_sparse_op(*args)
+    with pytest.raises(ValueError, match="activation must be"):
+        _native.run_sparse_op("ffn_rows", [w, w, w, f32(np.ones(64)), i32([3])], 1, activation="relu")
 
 
 def test_unknown_device_names_the_devices():
