@@ -14,7 +14,7 @@
 //               BF16 rows on AMX bf16 tiles where the CPU has them).
 //   ffn_rows    one token, the gathered neurons' whole FFN (gate and up as mul_rows, the GLU,
 //               down as mul_rows_t, plus the static block's output) in one op, each thread
-//               running the whole FFN of its groups of neurons: one barrier where those ops had five.
+//               running the whole FFN of its groups of neurons: one barrier where the five nodes had seven.
 //   count       a prompt batch's votes: threads rank tokens in turn (a radix select per token,
 //               selection_rule.h; with AVX-512 partitions in vectors), then merge the counts by
 //               rows.

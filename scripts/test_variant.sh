@@ -34,6 +34,7 @@ tests=(tests/test_sparse_ops.py tests/test_selective.py tests/test_forward_vs_nu
 env_vars=()
 dl=""                  # shared libraries and backend modules, staged by cmake --install
 instrumented=""        # a symbol the extension must have
+capture=()             # pytest's output capture: its default, fd level
 features_check="pass"  # what system_info() must say
 deps=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")  # the test venv's packages
 case $variant in
@@ -45,6 +46,9 @@ case $variant in
     # Python's own allocations are not ours to judge: no leak report; every other report is fatal
     env_vars=(LD_PRELOAD="$runtime" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_odr_violation=0
               UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
+    # a report ends the process inside a test: pytest's capture of fd 2 would swallow it, so only
+    # Python's own output is captured (the report reaches the log)
+    capture=(--capture=sys)
     ;;
   portable)
     cmake_args=(-DSELECTINFER_NATIVE=OFF)
@@ -140,4 +144,4 @@ env "${env_vars[@]}" "${python[@]}" -c "import selectinfer._native as n; assert 
 $features_check"
 
 echo "selectinfer: $variant build, running ${tests[*]}"
-env "${env_vars[@]}" SELECTINFER_BIN="$PWD/$dir/cmd" "${python[@]}" -m pytest -p no:cacheprovider -q "${tests[@]}" "$@"
+env "${env_vars[@]}" SELECTINFER_BIN="$PWD/$dir/cmd" "${python[@]}" -m pytest -p no:cacheprovider -q "${capture[@]}" "${tests[@]}" "$@"
