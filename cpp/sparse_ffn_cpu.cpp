@@ -402,6 +402,20 @@ template <ggml_type T> struct MulRowsRepacked {
 };
 #endif
 
+// After a barrier: out[c] = prev[c] (if given) + the sum over the nth threads' private rows (thread
+// t's at y0 + t * stride floats) for this thread's columns of dst.
+void sum_thread_rows(const ggml_compute_params * params, ggml_tensor * dst, const float * y0, size_t stride,
+                     const float * prev) {
+    int64_t c0, c1;
+    column_range(dst, params->ith, params->nth, c0, c1);
+    float * out = (float *) dst->data;
+    for (int64_t c = c0; c < c1; ++c) {
+        float sum = 0.0f;
+        for (int t = 0; t < params->nth; ++t) sum += y0[t * stride + c];
+        out[c] = prev ? prev[c] + sum : sum;
+    }
+}
+
 // One token (decode): threads split the neurons; each adds its rows, ADD_GROUP at a time, into a
 // private output row, and the private rows are summed at the end.
 void mul_rows_t_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
@@ -437,14 +451,7 @@ void mul_rows_t_one_token(const ggml_compute_params * params, ggml_tensor * dst)
         }
     }
     ggml_barrier(params->threadpool);
-    int64_t c0, c1;
-    column_range(dst, ith, nth, c0, c1);
-    float * out = (float *) dst->data;
-    for (int64_t c = c0; c < c1; ++c) {
-        float sum = 0.0f;
-        for (int t = 0; t < nth; ++t) sum += ((const float *) params->wdata)[(int64_t) t * 2 * stride + c];
-        out[c] = sum;
-    }
+    sum_thread_rows(params, dst, (const float *) params->wdata, 2 * stride, nullptr);
 }
 
 // --- one token, the gathered neurons' whole FFN in one op ----------------------------------------
@@ -538,24 +545,23 @@ void ffn_rows_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
         }
     };
     const size_t down_row_bytes = ggml_row_size(down->type, E);
+    // the gate, up and down rows of neurons j0 .. j0 + count - 1
+    auto rows_of = [&](int64_t j0, int count, const char ** g, const char ** u, const char ** d) {
+        for (int k = 0; k < count; ++k) {
+            const int64_t r = row_of(j0 + k);
+            g[k] = (const char *) gate->data + r * gate->nb[1];
+            u[k] = (const char *) up->data + r * up->nb[1];
+            d[k] = (const char *) down->data + r * down->nb[1];
+        }
+    };
     for (int64_t j = ith * ADD_GROUP; j < n; j += nth * ADD_GROUP) {
         const int nr = (int) std::min<int64_t>(ADD_GROUP, n - j);
         const int64_t j_next = j + nth * ADD_GROUP;
         const int n_next = (int) std::clamp<int64_t>(n - j_next, 0, ADD_GROUP);
         const char * g_rows[ADD_GROUP], * u_rows[ADD_GROUP], * d_rows[ADD_GROUP];
         const char * g_next[ADD_GROUP], * u_next[ADD_GROUP], * d_next[ADD_GROUP];
-        for (int k = 0; k < nr; ++k) {
-            const int64_t r = row_of(j + k);
-            g_rows[k] = (const char *) gate->data + r * gate->nb[1];
-            u_rows[k] = (const char *) up->data + r * up->nb[1];
-            d_rows[k] = (const char *) down->data + r * down->nb[1];
-        }
-        for (int k = 0; k < n_next; ++k) {
-            const int64_t r = row_of(j_next + k);
-            g_next[k] = (const char *) gate->data + r * gate->nb[1];
-            u_next[k] = (const char *) up->data + r * up->nb[1];
-            d_next[k] = (const char *) down->data + r * down->nb[1];
-        }
+        rows_of(j, nr, g_rows, u_rows, d_rows);
+        rows_of(j_next, n_next, g_next, u_next, d_next);
         float g[ADD_GROUP], u[ADD_GROUP], h[ADD_GROUP];
         dot_rows(gate, g_rows, nr, g_next, n_next, g);
         dot_rows(up, u_rows, nr, u_next, n_next, u);
@@ -573,17 +579,9 @@ void ffn_rows_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
         }
     }
     ggml_barrier(params->threadpool);
-    int64_t c0, c1;
-    column_range(dst, ith, nth, c0, c1);
-    float * out = (float *) dst->data;
-    const float * prev_out = prev ? (const float *) prev->data : nullptr;
-    const float * y0 = FfnRowsScratch(params->wdata, 0, gate->type, K, E).y;  // thread t's: t * y_stride on
-    const size_t y_stride = FfnRowsScratch::per_thread_bytes(gate->type, K, E) / sizeof(float);
-    for (int64_t c = c0; c < c1; ++c) {
-        float sum = 0.0f;
-        for (int t = 0; t < nth; ++t) sum += y0[t * y_stride + c];
-        out[c] = prev_out ? prev_out[c] + sum : sum;
-    }
+    sum_thread_rows(params, dst, FfnRowsScratch(params->wdata, 0, gate->type, K, E).y,
+                    FfnRowsScratch::per_thread_bytes(gate->type, K, E) / sizeof(float),
+                    prev ? (const float *) prev->data : nullptr);
 }
 
 // Several tokens (prefill): out[:, t] = sum_j h[j, t] w[row j] is a matrix product whose weight
