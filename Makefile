@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 PROMPT ?= The capital of France is
 
-.PHONY: demo test test-asan test-portable test-avx512 test-aarch64 test-dl test-cuda-compile install install-test upstream dev clean
+.PHONY: demo test test-asan test-portable test-sse42 test-avx512 test-aarch64 test-dl test-cuda-compile install install-test upstream dev clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,7 +42,7 @@ test: install-test $(UPSTREAM)
 	$(PY) -m pytest -v
 
 # The engine built with AddressSanitizer + UndefinedBehaviorSanitizer, built portable (AVX2, no
-# AVX-512/AMX), built for AVX-512 without AMX, and cross-built for aarch64 (tests under
+# AVX-512/AMX), built without AVX (SSE4.2), built for AVX-512 without AMX, and cross-built for aarch64 (tests under
 # qemu-aarch64; needs Debian's g++-aarch64-linux-gnu, qemu-user and debootstrap), each running the
 # tests that find memory and CPU-specific bugs (scripts/test_variant.sh; CI runs them all after
 # `make test`).
@@ -56,6 +56,11 @@ test-asan: $(PY)
 test-portable: $(PY)
 	$(TEST_DEPS)
 	PY=$(PY) scripts/test_variant.sh portable
+
+# x86-64 without AVX (SSE4.2): the generic loops an older Atom or Celeron's native build takes
+test-sse42: $(PY)
+	$(TEST_DEPS)
+	PY=$(PY) scripts/test_variant.sh sse42
 
 # AVX-512 without AMX (Zen 4, Xeons without AMX): paths an AMX machine's native build
 # skips; on a CPU without AVX-512 it says so and builds nothing

@@ -39,6 +39,11 @@ constexpr int ADD_GROUP = 16;
 #else
 #define SI_LANES 8
 #endif
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(__AVX__)
+// without AVX GCC builds the 8-float vectors from two SSE registers and notes that passing one
+// would change the ABI: these loops are inline functions of one file, which no other code calls
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
 constexpr int LANES = SI_LANES;
 constexpr int PARTS = 32 / LANES;  // vectors per 32-value block
 typedef float    f32v __attribute__((vector_size(4 * LANES)));

@@ -528,8 +528,8 @@ void ffn_rows_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
     }
     const char * x_vdt = traits->vec_dot_type == GGML_TYPE_F32 ? (const char *) x : scratch.x;
     // gate or up values of rows[0..nr): GROUP rows per call of the fused loops
-    auto dot_rows = [&](const ggml_tensor * w, const char * const * rows, int nr, const char * const * next, int n_next,
-                        float * out) {
+    auto dot_rows = [&](const ggml_tensor * w, const char * const * rows, int nr, [[maybe_unused]] const char * const * next,
+                        [[maybe_unused]] int n_next, float * out) {
         for (int k0 = 0; k0 < nr; k0 += GROUP) {
             const int m = std::min(GROUP, nr - k0);
             if (path == DotPath::float_rows) {

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Builds the engine as a variant and runs the tests that look for CPU- and memory-specific bugs
-# against it (`make test-asan`, `make test-portable`, `make test-aarch64`; CI runs all three after
-# `make test`):
+# against it (`make test-asan`, `make test-portable`, `make test-sse42`, `make test-avx512`,
+# `make test-aarch64`, `make test-dl`; CI runs them all after `make test`):
 #
 #   sanitize  AddressSanitizer + UndefinedBehaviorSanitizer (native CPU): the op, selection,
 #             conversion, validation and fuzz tests; any report fails the run
 #   portable  SELECTINFER_NATIVE=OFF (x86-64 with AVX2/FMA/F16C, no AVX-512 or AMX): the code paths an
 #             older or AMD CPU takes, with the op tests and a generation on the default model
+#   sse42     SELECTINFER_NATIVE=OFF without AVX (x86-64-v2: SSE4.2, no AVX, AVX2, FMA, F16C or BMI2):
+#             an older Atom, Celeron or Pentium, whose native build has none of the vector
+#             paths (the generic loops, F16 from its bits), with the op tests and a generation on
+#             the default model
 #   avx512    SELECTINFER_NATIVE=OFF with AVX-512 (F, CD, VL, DQ, BW) and VNNI, no AMX: the code an
 #             AMD Zen 4 or an Intel Xeon since Cascade Lake without AMX takes (the 512-bit
 #             loops, the prompts' F32 GEMM where an AMX build takes tiles), with the op tests
@@ -26,7 +30,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-variant=${1:?usage: scripts/test_variant.sh sanitize|portable|avx512|aarch64|dl|all-variants [pytest args]}
+variant=${1:?usage: scripts/test_variant.sh sanitize|portable|sse42|avx512|aarch64|dl|all-variants [pytest args]}
 shift
 PY=${PY:-.venv/bin/python}
 dir=build/$variant
@@ -56,6 +60,11 @@ case $variant in
     # what the build must (not) use, whatever this machine's CPU has
     features_check="i = n.system_info(); assert 'AVX2 = 1' in i and 'AVX512 = 1' not in i and 'AMX_INT8 = 1' not in i, i"
     ;;
+  sse42)
+    cmake_args=(-DSELECTINFER_NATIVE=OFF -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF)
+    tests+=(tests/test_default_model.py tests/test_cli.py)
+    features_check="i = n.system_info(); assert 'SSE3 = 1' in i and 'AVX = 1' not in i and 'AVX2 = 1' not in i, i"
+    ;;
   avx512)
     cmake_args=(-DSELECTINFER_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_BF16=OFF)
     tests+=(tests/test_default_model.py tests/test_cli.py)
@@ -83,7 +92,7 @@ case $variant in
     dl=1
     ;;
   *)
-    echo "unknown variant '$variant' (sanitize, portable, avx512, aarch64, dl or all-variants)" >&2
+    echo "unknown variant '$variant' (sanitize, portable, sse42, avx512, aarch64, dl or all-variants)" >&2
     exit 2
     ;;
 esac
