@@ -533,23 +533,37 @@ ggml_tensor * with_dropped(ggml_context * ctx, ggml_tensor * out, const Compensa
     return out ? ggml_add(ctx, out, comp.out) : ggml_reshape_2d(ctx, comp.out, comp.out->ne[0], 1);
 }
 
+// out (the static block's, or nullptr) plus the FFN of the gathered neurons `chosen` (ids from
+// first_id) for one token: on the CPU alone one ggml_si_ffn_rows node, else gate and up by
+// ggml_si_mul_rows, the GLU and down by ggml_si_mul_rows_t, added to out. gate_values [n_gathered]
+// or nullptr: the gate already computed over every gathered row (the chosen ones' are taken);
+// nu or nullptr: the compensation's share taken off each chosen activation.
+ggml_tensor * with_chosen_rows(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, ggml_tensor * chosen,
+                               int first_id, ggml_tensor * out, ggml_tensor * gate_values, ggml_tensor * nu) {
+    ggml_tensor * gate = w.gathered_gate(), * up = w.gathered_up();
+    if (x->ne[1] == 1 && gate->type == up->type && on_cpu_only(gate) && on_cpu_only(up) && on_cpu_only(w.down_t)) {
+        return ggml_si_ffn_rows(ctx, gate, up, w.down_t, x, chosen, first_id, w.glu_op(), out, gate_values, nu);
+    }
+    ggml_tensor * gate_out = nullptr;
+    if (gate_values) {  // [1, n] rows of the values, back to [n, 1]
+        ggml_tensor * rows = ggml_get_rows(ctx, ggml_reshape_2d(ctx, gate_values, 1, ggml_nelements(gate_values)), chosen);
+        gate_out = ggml_reshape_2d(ctx, rows, chosen->ne[0], 1);
+    } else {
+        gate_out = ggml_si_mul_rows(ctx, gate, x, chosen, first_id);
+    }
+    ggml_tensor * act = w.gated(ctx, gate_out, ggml_si_mul_rows(ctx, up, x, chosen, first_id));
+    ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, chosen, first_id, nu);
+    return out ? ggml_add(ctx, out, part) : part;
+}
+
 }  // namespace
 
 ggml_tensor * build_sparse_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, ggml_tensor * ids,
                                int n_dynamic) {
     ggml_tensor * out = static_block(ctx, w, x);
-    if (n_dynamic > 0) {
-        ggml_tensor * dynamic = ggml_view_1d(ctx, ids, n_dynamic, w.n_static * sizeof(int32_t));
-        ggml_tensor * gate = w.gathered_gate(), * up = w.gathered_up();
-        if (x->ne[1] == 1 && gate->type == up->type && on_cpu_only(gate) && on_cpu_only(up) && on_cpu_only(w.down_t)) {
-            return ggml_si_ffn_rows(ctx, gate, up, w.down_t, x, dynamic, w.n_static, w.glu_op(), out);
-        }
-        ggml_tensor * act = w.gated(ctx, ggml_si_mul_rows(ctx, w.gathered_gate(), x, dynamic, w.n_static),
-                                    ggml_si_mul_rows(ctx, w.gathered_up(), x, dynamic, w.n_static));
-        ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, dynamic, w.n_static, nullptr);
-        out = out ? ggml_add(ctx, out, part) : part;
-    }
-    return out;
+    if (n_dynamic == 0) return out;
+    ggml_tensor * dynamic = ggml_view_1d(ctx, ids, n_dynamic, w.n_static * sizeof(int32_t));
+    return with_chosen_rows(ctx, w, x, dynamic, w.n_static, out, nullptr, nullptr);
 }
 
 ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic,
@@ -561,12 +575,8 @@ ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, 
         // n_dynamic best rows of the gathered tensors (ids from 0: row 0 is neuron n_static)
         ggml_tensor * gate = gathered_product(ctx, w.gathered_gate(), x);  // [n_gathered, 1]
         ggml_tensor * chosen = ggml_si_select(ctx, gate, 0, n_dynamic, abs_activation(w), score_scale);
-        ggml_tensor * gate_chosen = ggml_get_rows(ctx, ggml_reshape_2d(ctx, gate, 1, gate->ne[0]), chosen);  // [1, n]
-        ggml_tensor * up = ggml_si_mul_rows(ctx, w.gathered_up(), x, chosen, 0);                               // [n, 1]
-        ggml_tensor * act = w.gated(ctx, ggml_reshape_2d(ctx, gate_chosen, n_dynamic, 1), up);
-        // each chosen neuron's activation less its nu (its share of comp.out, added whole)
-        ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, chosen, 0, comp.nu);
-        out = out ? ggml_add(ctx, out, part) : part;
+        // up and down of the chosen, each activation less its nu (its share of comp.out, added whole)
+        out = with_chosen_rows(ctx, w, x, chosen, 0, out, gate, comp.nu);
     }
     return with_dropped(ctx, out, comp);
 }
@@ -579,10 +589,7 @@ ggml_tensor * build_predicted_ffn(ggml_context * ctx, const SiFfnWeights & w, gg
         // |act(predicted)| (times up's rms), and gate, up and down of the n_dynamic best (ids from 0)
         ggml_tensor * predicted = ggml_mul_mat(ctx, w.gate_pred_out, ggml_mul_mat(ctx, w.gate_pred_in, x));
         ggml_tensor * chosen = ggml_si_select(ctx, predicted, 0, n_dynamic, abs_activation(w), score_scale);
-        ggml_tensor * act = w.gated(ctx, ggml_si_mul_rows(ctx, w.gathered_gate(), x, chosen, 0),
-                                    ggml_si_mul_rows(ctx, w.gathered_up(), x, chosen, 0));
-        ggml_tensor * part = ggml_si_mul_rows_t(ctx, w.down_t, act, chosen, 0, comp.nu);
-        out = out ? ggml_add(ctx, out, part) : part;
+        out = with_chosen_rows(ctx, w, x, chosen, 0, out, nullptr, comp.nu);
     }
     return with_dropped(ctx, out, comp);
 }

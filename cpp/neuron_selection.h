@@ -144,7 +144,8 @@ struct Compensation {
 // A gate-guided decode step (one token): the static block as build_sparse_ffn, then gate over every
 // gathered neuron, and up and down for the n_dynamic of them with the largest |act(gate)| (times
 // score_scale [n_gathered], each neuron's up root mean square, where given); with compensation,
-// the chosen neurons' act - nu, plus comp.out.
+// the chosen neurons' act - nu, plus comp.out. The chosen neurons run as build_sparse_ffn's (on
+// the CPU alone one ggml_si_ffn_rows node, given the gate's values and nu).
 ggml_tensor * build_gate_guided_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, int n_dynamic,
                                     const Compensation & comp = {}, ggml_tensor * score_scale = nullptr);
 

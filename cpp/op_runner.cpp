@@ -98,7 +98,13 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
     ggml_init_params params = {64 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, /*no_alloc=*/true};
     std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx(ggml_init(params), ggml_free);
     std::vector<ggml_tensor *> t;
-    for (const auto & in : inputs) t.push_back(input_tensor(ctx.get(), in));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        // an input without a shape: an optional one left out (ffn_rows's after ids)
+        const bool absent = inputs[i].ne.empty() && inputs[i].data.empty();
+        require(!absent || (op == "ffn_rows" && i >= 5), "only ffn_rows's prev, gate_values and h_offset may be left out");
+        t.push_back(absent ? nullptr : input_tensor(ctx.get(), inputs[i]));
+    }
+    auto given = [&](size_t i) { return i < t.size() ? t[i] : nullptr; };
     ggml_tensor * out;
     if (op == "mul_rows" && (t.size() == 2 || t.size() == 3)) {
         require_f32(t[1], "x");
@@ -122,21 +128,28 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
         }
         out = ggml_si_mul_rows_t(ctx.get(), t[0], t[1], t.size() >= 3 ? t[2] : nullptr, first_id,
                                  t.size() == 4 ? t[3] : nullptr);
-    } else if (op == "ffn_rows" && (t.size() == 5 || t.size() == 6)) {
-        // gate, up, down_t, x, ids [, prev]
+    } else if (op == "ffn_rows" && t.size() >= 5 && t.size() <= 8) {
+        // gate, up, down_t, x, ids [, prev [, gate_values [, h_offset]]]
         require(t[0]->type == t[1]->type && ggml_are_same_shape(t[0], t[1]), "gate and up must have one type and shape");
         require(t[2]->ne[1] == t[0]->ne[1], "down_t must have the gate's rows");
         require_f32(t[3], "x");
         require(ggml_n_dims(t[3]) == 1 && t[3]->ne[0] == t[0]->ne[0], "x must be one token of the gate's row length");
         require(first_id >= 0, "first_id must be >= 0");
         require_row_ids(t[4], inputs[4], first_id, t[0]->ne[1]);
-        if (t.size() == 6) {
-            require_f32(t[5], "prev");
-            require(ggml_n_dims(t[5]) == 1 && t[5]->ne[0] == t[2]->ne[0], "prev must be [the down rows' length]");
+        if (ggml_tensor * prev = given(5)) {
+            require_f32(prev, "prev");
+            require(ggml_n_dims(prev) == 1 && prev->ne[0] == t[2]->ne[0], "prev must be [the down rows' length]");
+        }
+        for (size_t i : {6, 7}) {
+            if (ggml_tensor * by_row = given(i)) {
+                const char * name = i == 6 ? "gate_values" : "h_offset";
+                require_f32(by_row, name);
+                require(ggml_n_dims(by_row) == 1 && by_row->ne[0] == t[0]->ne[1], std::string(name) + " must be [gate rows]");
+            }
         }
         require(activation == "silu" || activation == "gelu", "activation must be silu or gelu");
         out = ggml_si_ffn_rows(ctx.get(), t[0], t[1], t[2], t[3], t[4], first_id,
-                               activation == "gelu" ? GGML_GLU_OP_GEGLU : GGML_GLU_OP_SWIGLU, t.size() == 6 ? t[5] : nullptr);
+                               activation == "gelu" ? GGML_GLU_OP_GEGLU : GGML_GLU_OP_SWIGLU, given(5), given(6), given(7));
     } else if ((op == "count" && (t.size() == 1 || t.size() == 2)) || (op == "count_parts" && (t.size() == 2 || t.size() == 3))) {
         // count: act [, prev]; count_parts: act, act_rest [, prev]
         const bool parts = op == "count_parts";
@@ -177,7 +190,9 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
     std::unique_ptr<ggml_backend_buffer, void (*)(ggml_backend_buffer_t)> buffer(
         ggml_backend_alloc_ctx_tensors(ctx.get(), backend->get()), ggml_backend_buffer_free);
     if (!buffer) throw std::runtime_error("could not allocate the op's tensors on " + device);
-    for (size_t i = 0; i < t.size(); ++i) ggml_backend_tensor_set(t[i], inputs[i].data.data(), 0, inputs[i].data.size());
+    for (size_t i = 0; i < t.size(); ++i) {
+        if (t[i]) ggml_backend_tensor_set(t[i], inputs[i].data.data(), 0, inputs[i].data.size());
+    }
     backend->compute(gf);
     std::string result(ggml_nbytes(out), '\0');
     ggml_backend_tensor_get(out, result.data(), 0, result.size());

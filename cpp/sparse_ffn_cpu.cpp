@@ -463,7 +463,9 @@ void mul_rows_t_one_token(const ggml_compute_params * params, ggml_tensor * dst)
 // the activation as upstream's GLU op does, its down rows added into the thread's output row as
 // mul_rows_t_one_token does; so the values are those of the five ops. x is quantized (or
 // converted) by each thread for itself rather than once behind a barrier: one barrier in all,
-// before the threads' rows are summed.
+// before the threads' rows are summed. A step that chose its neurons by their gate (gate-guided)
+// passes the gate's values, so that only the up and down rows are read, and the compensation's
+// nu is taken off each activation as mul_rows_t_one_token does.
 
 // How a one-token product of rows with x runs for a weight type: float weights in the fused
 // loop (several rows in flight); quantized ones in integers eight rows at a time where the CPU
@@ -506,6 +508,9 @@ struct FfnRowsScratch {
 void ffn_rows_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
     const ggml_tensor * gate = dst->src[0], * up = dst->src[1], * down = dst->src[2], * prev = dst->src[5];
     const float * x = (const float *) dst->src[3]->data;
+    // by weight row: the gate's values where a step has them already, the compensation's nu
+    const float * gate_values = dst->src[6] ? (const float *) dst->src[6]->data : nullptr;
+    const float * h_offset = dst->src[7] ? (const float *) dst->src[7]->data : nullptr;
     const RowIds row_of(dst);
     const ggml_glu_op glu = (ggml_glu_op) ggml_get_op_params_i32(dst, GGML_SI_FFN_ROWS_GLU);
     const int64_t n = row_of.n, K = gate->ne[0], E = down->ne[0];
@@ -563,12 +568,19 @@ void ffn_rows_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
         rows_of(j, nr, g_rows, u_rows, d_rows);
         rows_of(j_next, n_next, g_next, u_next, d_next);
         float g[ADD_GROUP], u[ADD_GROUP], h[ADD_GROUP];
-        dot_rows(gate, g_rows, nr, g_next, n_next, g);
+        if (gate_values) {
+            for (int k = 0; k < nr; ++k) g[k] = gate_values[row_of(j + k)];
+        } else {
+            dot_rows(gate, g_rows, nr, g_next, n_next, g);
+        }
         dot_rows(up, u_rows, nr, u_next, n_next, u);
         if (glu == GGML_GLU_OP_GEGLU) {
             ggml_vec_geglu_f32(nr, h, g, u);
         } else {
             ggml_vec_swiglu_f32(nr, h, g, u);
+        }
+        if (h_offset) {
+            for (int k = 0; k < nr; ++k) h[k] -= h_offset[row_of(j + k)];
         }
         if (add_rows_fused(down->type, d_rows, h, nr, E, scratch.y, d_next, n_next)) continue;
         for (int k = 0; k < n_next; ++k) prefetch_row_start(d_next[k], down_row_bytes);

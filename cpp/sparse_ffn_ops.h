@@ -32,14 +32,18 @@ GGML_API struct ggml_tensor * ggml_si_mul_rows_t(struct ggml_context * ctx, stru
 // A decode step's whole FFN over gathered neurons (one token, CPU):
 //   gate, up [K, R], down_t [E, R] (the three weights of the same neurons, rows first_id on),
 //   x [K, 1] F32, ids [n] I32, prev [E, 1] F32 or NULL (zeros) -> [E, 1] F32,
-//   out = prev + sum_j glu(gate[r_j] . x, up[r_j] . x) * down_t[r_j, :],  r_j = ids[j] - first_id
+//   out = prev + sum_j (glu(g_j, up[r_j] . x) - h_offset[r_j]) * down_t[r_j, :],  r_j = ids[j] - first_id
+//   g_j = gate_values[r_j] where given ([R] F32: a gate already computed over every row, as a
+//   step that chooses by it has), else gate[r_j] . x; h_offset [R] F32 or NULL (zeros): the
+//   dropped-neuron compensation's nu, as in ggml_si_mul_rows_t.
 // glu: GGML_GLU_OP_SWIGLU or GGML_GLU_OP_GEGLU, as ggml_swiglu_split / ggml_geglu_split. The
 // same values as ggml_si_mul_rows (gate and up), the GLU op and ggml_si_mul_rows_t, added to prev:
-// one graph node where those are five.
+// one graph node where those are five (seven with gate_values: the chosen gate values' get_rows).
 GGML_API struct ggml_tensor * ggml_si_ffn_rows(struct ggml_context * ctx, struct ggml_tensor * gate,
                                                struct ggml_tensor * up, struct ggml_tensor * down_t,
                                                struct ggml_tensor * x, struct ggml_tensor * ids, int first_id,
-                                               enum ggml_glu_op glu, struct ggml_tensor * prev);
+                                               enum ggml_glu_op glu, struct ggml_tensor * prev,
+                                               struct ggml_tensor * gate_values, struct ggml_tensor * h_offset);
 // A prompt's neuron selection is two ops, so that a prompt evaluated in several batches selects
 // from all of its tokens: each batch adds its counts to the previous batches' (a per-layer tensor
 // the graph copies the result back into), and the selection reads the running counts.

@@ -194,6 +194,10 @@ def i32(a):
     return (int(T.I32), [len(a)], a.tobytes())
 
 
+# an optional op input left out (_native.run_sparse_op: an input without shape or data)
+LEFT_OUT = (0, [], b"")
+
+
 def out_f32(raw, shape):
     return np.frombuffer(raw, dtype=np.float32).reshape(shape)
 

@@ -3,7 +3,7 @@ every supported weight type, odd sizes, 1 and several threads (like upstream's t
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from helpers import f32, i32, out_f32, stored_rows
+from helpers import LEFT_OUT, f32, i32, out_f32, stored_rows
 from reference import gelu, reference_choose, reference_count, reference_select, silu, to_bf16
 
 from selectinfer import _native
@@ -227,6 +227,50 @@ def test_ffn_rows_down_of_another_type(gate_type, down_type, with_prev):
     assert (error ** 2).mean() <= 1e-3 * (expected ** 2).mean()
 
 
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("n_threads", [1, 3])
+@pytest.mark.parametrize("given", ["gate_values", "h_offset", "both"])
+def test_ffn_rows_given_gate_values_and_offset(type_name, n_threads, given):
+    # a step that chose its neurons by their gate passes the gate's values (random here, unlike the
+    # gate rows' products, so that a gate dotted anyway shows), and the compensation's nu per row;
+    # without prev where both are given (the step's sum without a static block)
+    (gate, up, down, x, ids), values = ffn_rows_case(type_name, type_name, seed=31)
+    rows = gate[1][1]
+    rng = np.random.default_rng(32)
+    x64 = x.astype(np.float64)
+    g = x64 @ values[0][ids].T
+    if given != "h_offset":
+        gate_values = (g.std() * rng.standard_normal(rows)).astype(np.float32)
+        g = gate_values[ids].astype(np.float64)
+    else:
+        gate_values = None
+    h = silu(g) * (x64 @ values[1][ids].T)
+    # offsets as large as the activations (an offset left out is then far outside the bound)
+    offset = (h.std() * rng.standard_normal(rows)).astype(np.float32) if given != "gate_values" else None
+    if offset is not None:
+        h = h - offset[ids]
+    prev = rng.standard_normal(down[1][0]).astype(np.float32) if given != "both" else None
+    first_id = 5
+    optional = [None if a is None else f32(a) for a in (prev, gate_values, offset)]
+    inputs = [gate, up, down, f32(x), i32(ids + first_id)] + [LEFT_OUT if a is None else a for a in optional]
+    got = out_f32(_native.run_sparse_op("ffn_rows", inputs, n_threads, first_id=first_id), (1, down[1][0]))
+    expected = h @ values[2][ids] + (0.0 if prev is None else prev)
+    error, scale = np.abs(got - expected), np.abs(expected).max()
+    assert error.max() <= 5 * BOUND[type_name] * scale
+    assert (error ** 2).mean() <= 1e-3 * (expected ** 2).mean()
+
+    # against the ops one by one: up by mul_rows, the activation in numpy, down by mul_rows_t with
+    # the offset (the same kernels, apart by the activation's float32 rounding)
+    def op(name, ins, shape):
+        return out_f32(_native.run_sparse_op(name, ins, n_threads, first_id=first_id), shape).astype(np.float64)
+    if gate_values is None:
+        g = op("mul_rows", [gate, f32(x), i32(ids + first_id)], (1, len(ids)))
+    h = silu(g) * op("mul_rows", [up, f32(x), i32(ids + first_id)], (1, len(ids)))
+    down_ins = [down, f32(h), i32(ids + first_id)] + ([f32(offset)] if offset is not None else [])
+    in_steps = op("mul_rows_t", down_ins, (1, down[1][0])) + (0.0 if prev is None else prev)
+    assert np.abs(got - in_steps).max() <= 2e-3 * scale
+
+
 def run_count(act, alpha, by_magnitude, n_threads, prev=None):
     inputs = [f32(act)] + ([f32(prev)] if prev is not None else [])
     return out_f32(_native.run_sparse_op("count", inputs, n_threads, alpha=alpha, by_magnitude=by_magnitude),
@@ -403,6 +447,10 @@ def test_op_argument_errors():
         (("ffn_rows", [w, weights("F16", 8, 64, 0)[0], w, f32(np.ones(64)), i32([3])], 1), "one type and shape"),
         (("ffn_rows", [w, w, weights("F32", 7, 64, 0)[0], f32(np.ones(64)), i32([3])], 1), "down_t must have"),
         (("ffn_rows", [w, w, w, f32(np.ones((2, 64))), i32([3])], 1), "x must be one token"),
+        (("ffn_rows", [w, w, w, f32(np.ones(64)), i32([3]), LEFT_OUT, f32(np.ones(7))], 1), "gate_values must be"),
+        (("ffn_rows", [w, w, w, f32(np.ones(64)), i32([3]), LEFT_OUT, LEFT_OUT, i32(range(8))], 1), "h_offset must be F32"),
+        (("ffn_rows", [w, w, w, f32(np.ones(64)), LEFT_OUT], 1), "only ffn_rows's prev"),
+        (("mul_rows", [w, x, LEFT_OUT], 1), "only ffn_rows's prev"),
     ]
     for args, match in bad:
         with pytest.raises(ValueError, match=match):
