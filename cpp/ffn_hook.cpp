@@ -73,8 +73,8 @@ void selectinfer_split_static_rows(llama_model_loader & loader) {
 }
 
 bool selectinfer_create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff) {
-    return selectinfer::create_ffn_tensors(model, layer, il, n_embd, n_ff,
-                                           selectinfer::NeuronSelection::dense_use_requested());
+    const selectinfer::GatheredLoad load = selectinfer::NeuronSelection::gathered_load(selectinfer::file_strategy(*model.ml));
+    return selectinfer::create_ffn_tensors(model, layer, il, n_embd, n_ff, load);
 }
 
 std::shared_ptr<const void> selectinfer_model_loaded(const llama_model & model, const llama_model_loader & loader) {

@@ -173,7 +173,8 @@ NeuronSelection::NeuronSelection(const llama_model * model, const SiModelInfo & 
         ggml_tensor * gate = l.n_static > 0 ? w.ffn_gate_dyn : w.ffn_gate;  // null when every neuron is static
         ggml_tensor * up = l.n_static > 0 ? w.ffn_up_dyn : w.ffn_up;
         const int64_t n_embd = model->hparams.n_embd;
-        l.gathered_rows_repacked = repacked_on_cpu(gate) || repacked_on_cpu(up);
+        l.gathered_gate_repacked = repacked_on_cpu(gate);
+        l.gathered_up_repacked = repacked_on_cpu(up);
         if (gate && up && w.ffn_down_t) {
             l.gate_row_bytes = (double) ggml_row_size(gate->type, n_embd);
             l.neuron_bytes = l.gate_row_bytes + (double) ggml_row_size(up->type, n_embd) +
@@ -188,10 +189,17 @@ void NeuronSelection::configure(const SelectionOverrides & overrides) {
     apply(overrides.applied_to(file_config_));
 }
 
-bool NeuronSelection::dense_use_requested() {
-    const std::optional<bool> caller = t_caller_selection ? t_caller_selection->dense : std::nullopt;
-    // only the one variable: the others are checked, with their names, as the context is created
-    return caller.value_or(env_flag("SELECTINFER_DENSE").value_or(false));
+GatheredLoad NeuronSelection::gathered_load(std::optional<Strategy> file_strategy) {
+    // only these variables, and a bad value taken as absent: every setting is checked, with its
+    // name, as the context is created
+    auto env = [](auto read) { try { return read(); } catch (const std::exception &) { return decltype(read()){}; } };
+    const SelectionOverrides * caller = t_caller_selection;
+    const std::optional<bool> dense = caller && caller->dense ? caller->dense : env([] { return env_flag("SELECTINFER_DENSE"); });
+    if (dense.value_or(false)) return GatheredLoad::dense;
+    std::optional<Strategy> strategy = caller ? caller->strategy : std::nullopt;
+    if (!strategy) strategy = env([] { return SelectionOverrides::from_environment().strategy; });
+    if (!strategy) strategy = file_strategy;
+    return strategy == Strategy::gate_guided ? GatheredLoad::gate_whole : GatheredLoad::rows;
 }
 
 void NeuronSelection::check_settings(const llama_model * model, const SelectionOverrides & caller) {
@@ -221,11 +229,19 @@ void NeuronSelection::apply(const SelectionConfig & cfg) {
 }
 
 void NeuronSelection::validate(const SelectionConfig & cfg) const {
-    if (!cfg.dense && std::any_of(layers_.begin(), layers_.end(), [](const Layer & l) { return l.gathered_rows_repacked; })) {
+    if (!cfg.dense && std::any_of(layers_.begin(), layers_.end(), [](const Layer & l) { return l.gathered_up_repacked; })) {
         throw std::invalid_argument(
             "the model was loaded for dense use (dense=True, --dense-ffn or SELECTINFER_DENSE=1 at load): its gathered "
             "rows are repacked for upstream's matmul and cannot be selected from; load it again without dense to "
             "compute a subset of its neurons");
+    }
+    if (!cfg.dense && cfg.strategy != Strategy::gate_guided &&
+        std::any_of(layers_.begin(), layers_.end(), [](const Layer & l) { return l.gathered_gate_repacked; })) {
+        throw std::invalid_argument(
+            std::string("the model was loaded for the gate-guided strategy (the caller's, SELECTINFER_STRATEGY or the "
+                        "file's at load): its gathered gate rows are repacked for upstream's matmul, which only "
+                        "gate-guided steps read; load it again with the ") +
+            strategy_name(cfg.strategy) + " strategy (strategy=, --strategy or SELECTINFER_STRATEGY) to use that one");
     }
     if (cfg.coreinfer && std::any_of(layers_.begin(), layers_.end(), [](const Layer & l) { return l.n_static > 0; })) {
         throw std::invalid_argument(
@@ -541,8 +557,12 @@ ggml_tensor * with_dropped(ggml_context * ctx, ggml_tensor * out, const Compensa
 ggml_tensor * with_chosen_rows(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, ggml_tensor * chosen,
                                int first_id, ggml_tensor * out, ggml_tensor * gate_values, ggml_tensor * nu) {
     ggml_tensor * gate = w.gathered_gate(), * up = w.gathered_up();
-    if (x->ne[1] == 1 && gate->type == up->type && on_cpu_only(gate) && on_cpu_only(up) && on_cpu_only(w.down_t)) {
-        return ggml_si_ffn_rows(ctx, gate, up, w.down_t, x, chosen, first_id, w.glu_op(), out, gate_values, nu);
+    // with the gate's values the op reads no gate row (a gate-guided load may have repacked them)
+    const bool gate_read = !gate_values;
+    if (x->ne[1] == 1 && gate->type == up->type && (!gate_read || on_cpu_only(gate)) && on_cpu_only(up) &&
+        on_cpu_only(w.down_t)) {
+        return ggml_si_ffn_rows(ctx, gate_read ? gate : nullptr, up, w.down_t, x, chosen, first_id, w.glu_op(), out,
+                                gate_values, nu);
     }
     ggml_tensor * gate_out = nullptr;
     if (gate_values) {  // [1, n] rows of the values, back to [n, 1]

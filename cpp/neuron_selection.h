@@ -177,11 +177,13 @@ public:
     // Throws std::invalid_argument when the caller's settings over the file's and the
     // environment's do not fit the model (what a context created under CallerSelection applies).
     static void check_settings(const llama_model * model, const SelectionOverrides & caller);
-    // Whether a model loaded now will only run dense over its loaded neurons (the caller's `dense`,
-    // else SELECTINFER_DENSE): its gathered gate and up rows then load as upstream's matmul kinds,
-    // which ggml repacks where it repacks the original's (AMX, CPU_REPACK), and no step can gather
-    // from them: a context on such a model must be dense too.
-    static bool dense_use_requested();
+    // How a model loaded now loads its gathered gate and up rows. Dense use (the caller's `dense`,
+    // else SELECTINFER_DENSE): both as upstream's matmul kinds, which ggml repacks where it repacks
+    // the original's (AMX, CPU_REPACK), and no step can gather from them: a context on such a model
+    // must be dense too. The gate-guided strategy (the caller's, else SELECTINFER_STRATEGY's, else
+    // the file's): the gate so, as its steps read every gathered gate row; a context on such a
+    // model must be gate-guided or dense.
+    static GatheredLoad gathered_load(std::optional<Strategy> file_strategy);
     const SelectionConfig & config() const { return config_; }
 
     // What the next batches are. By default (programs that do not say, like llama.cpp's tools)
@@ -223,7 +225,8 @@ private:
         int n_select = 0;
         double neuron_bytes = 0;       // weight bytes a decode step reads per computed neuron (gate, up, down)
         double gate_row_bytes = 0;     // of which its gate row (read for every loaded neuron by gate_guided)
-        bool gathered_rows_repacked = false;  // loaded for dense use into a layout only upstream's matmul reads
+        // loaded (gathered_load) into a layout only upstream's matmul reads
+        bool gathered_gate_repacked = false, gathered_up_repacked = false;
     };
     NeuronSelection(const llama_model * model, const SiModelInfo & info);
     void apply(const SelectionConfig & config);

@@ -101,7 +101,8 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
     for (size_t i = 0; i < inputs.size(); ++i) {
         // an input without a shape: an optional one left out (ffn_rows's after ids)
         const bool absent = inputs[i].ne.empty() && inputs[i].data.empty();
-        require(!absent || (op == "ffn_rows" && i >= 5), "only ffn_rows's prev, gate_values and h_offset may be left out");
+        require(!absent || (op == "ffn_rows" && (i == 0 || i >= 5)),
+                "only ffn_rows's gate, prev, gate_values and h_offset may be left out");
         t.push_back(absent ? nullptr : input_tensor(ctx.get(), inputs[i]));
     }
     auto given = [&](size_t i) { return i < t.size() ? t[i] : nullptr; };
@@ -129,13 +130,14 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
         out = ggml_si_mul_rows_t(ctx.get(), t[0], t[1], t.size() >= 3 ? t[2] : nullptr, first_id,
                                  t.size() == 4 ? t[3] : nullptr);
     } else if (op == "ffn_rows" && t.size() >= 5 && t.size() <= 8) {
-        // gate, up, down_t, x, ids [, prev [, gate_values [, h_offset]]]
-        require(t[0]->type == t[1]->type && ggml_are_same_shape(t[0], t[1]), "gate and up must have one type and shape");
-        require(t[2]->ne[1] == t[0]->ne[1], "down_t must have the gate's rows");
+        // gate (or none, with gate_values), up, down_t, x, ids [, prev [, gate_values [, h_offset]]]
+        require(t[0] || given(6), "ffn_rows needs the gate or its values");
+        require(!t[0] || (t[0]->type == t[1]->type && ggml_are_same_shape(t[0], t[1])), "gate and up must have one type and shape");
+        require(t[2]->ne[1] == t[1]->ne[1], "down_t must have the gate's rows");
         require_f32(t[3], "x");
-        require(ggml_n_dims(t[3]) == 1 && t[3]->ne[0] == t[0]->ne[0], "x must be one token of the gate's row length");
+        require(ggml_n_dims(t[3]) == 1 && t[3]->ne[0] == t[1]->ne[0], "x must be one token of the gate's row length");
         require(first_id >= 0, "first_id must be >= 0");
-        require_row_ids(t[4], inputs[4], first_id, t[0]->ne[1]);
+        require_row_ids(t[4], inputs[4], first_id, t[1]->ne[1]);
         if (ggml_tensor * prev = given(5)) {
             require_f32(prev, "prev");
             require(ggml_n_dims(prev) == 1 && prev->ne[0] == t[2]->ne[0], "prev must be [the down rows' length]");
@@ -144,7 +146,7 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
             if (ggml_tensor * by_row = given(i)) {
                 const char * name = i == 6 ? "gate_values" : "h_offset";
                 require_f32(by_row, name);
-                require(ggml_n_dims(by_row) == 1 && by_row->ne[0] == t[0]->ne[1], std::string(name) + " must be [gate rows]");
+                require(ggml_n_dims(by_row) == 1 && by_row->ne[0] == t[1]->ne[1], std::string(name) + " must be [gate rows]");
             }
         }
         require(activation == "silu" || activation == "gelu", "activation must be silu or gelu");

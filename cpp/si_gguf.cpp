@@ -505,7 +505,7 @@ void create_gate_predictor(llama_model_base & model, llama_layer & layer, int il
 }  // namespace
 
 bool create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff,
-                        bool dense_use) {
+                        GatheredLoad load) {
     const llama_model_loader & loader = *model.ml;
     const std::string blk = "blk." + std::to_string(il) + ".";
     const ggml_tensor * down_t = loader.get_tensor_meta((blk + "ffn_down_t.weight").c_str());
@@ -518,19 +518,20 @@ bool create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, i
     }
     const auto & tn = model.tn;
     const int optional = model.TENSOR_NOT_REQUIRED;
+    const bool gate_whole = load != GatheredLoad::rows, up_whole = load == GatheredLoad::dense;
     if (loader.selectinfer_static_rows.count(il)) {  // upstream's matmul kinds: ggml may repack them
         layer.ffn_gate = model.create_tensor(tn(LLM_TENSOR_FFN_GATE, "weight", il), {n_embd, n_static}, 0);
         layer.ffn_up   = model.create_tensor(tn(LLM_TENSOR_FFN_UP, "weight", il), {n_embd, n_static}, 0);
         layer.ffn_down_static = model.create_tensor(tn(LLM_TENSOR_FFN_DOWN_STATIC, "weight", il), {n_static, n_embd}, 0);
         if (n_dynamic > 0) {
-            const auto gate_kind = dense_use ? LLM_TENSOR_FFN_GATE_DYN_DENSE : LLM_TENSOR_FFN_GATE_DYN;
-            const auto up_kind = dense_use ? LLM_TENSOR_FFN_UP_DYN_DENSE : LLM_TENSOR_FFN_UP_DYN;
+            const auto gate_kind = gate_whole ? LLM_TENSOR_FFN_GATE_DYN_DENSE : LLM_TENSOR_FFN_GATE_DYN;
+            const auto up_kind = up_whole ? LLM_TENSOR_FFN_UP_DYN_DENSE : LLM_TENSOR_FFN_UP_DYN;
             layer.ffn_gate_dyn = model.create_tensor(tn(gate_kind, "weight", il), {n_embd, n_dynamic}, 0);
             layer.ffn_up_dyn   = model.create_tensor(tn(up_kind, "weight", il), {n_embd, n_dynamic}, 0);
         }
     } else {  // every row gathered, or a file the checks after the load refuse
-        const auto gate_kind = dense_use ? LLM_TENSOR_FFN_GATE : LLM_TENSOR_FFN_GATE_ROWS;
-        const auto up_kind = dense_use ? LLM_TENSOR_FFN_UP : LLM_TENSOR_FFN_UP_ROWS;
+        const auto gate_kind = gate_whole ? LLM_TENSOR_FFN_GATE : LLM_TENSOR_FFN_GATE_ROWS;
+        const auto up_kind = up_whole ? LLM_TENSOR_FFN_UP : LLM_TENSOR_FFN_UP_ROWS;
         layer.ffn_gate = model.create_tensor(tn(gate_kind, "weight", il), {n_embd, n_ff}, 0);
         layer.ffn_up   = model.create_tensor(tn(up_kind, "weight", il), {n_embd, n_ff}, 0);
         if (n_static > 0) {
@@ -542,6 +543,12 @@ bool create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, i
     // present only in a broken file: refused after the load
     layer.ffn_down = model.create_tensor(tn(LLM_TENSOR_FFN_DOWN, "weight", il), {n_ff, n_embd}, optional);
     return true;
+}
+
+std::optional<Strategy> file_strategy(const llama_model_loader & loader) {
+    const int64_t key = gguf_find_key(loader.metadata, kStrategy);
+    if (key < 0 || gguf_get_kv_type(loader.metadata, key) != GGUF_TYPE_STRING) return std::nullopt;
+    return strategy_named(gguf_get_val_str(loader.metadata, key));
 }
 
 const SiModelInfo * si_model_info(const llama_model & model) {

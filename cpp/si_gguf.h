@@ -74,11 +74,18 @@ std::shared_ptr<const SiModelInfo> read_si_model_info(const llama_model & model,
 // kinds, plain buffers): same file, same bytes, two views of each tensor's data in the loader.
 // A layer without static neurons keeps gate and up whole.
 void split_static_rows(llama_model_loader & loader);
-// Creates the FFN tensors of layer il when it is a SelectInfer layer (false: a dense layer). For
-// dense use (no step will gather: NeuronSelection::dense_use_requested) every gate and up row is
-// created as upstream's matmul kind, which ggml repacks where it can.
+// How a layer's gathered gate and up rows load (NeuronSelection::gathered_load): as the rows our
+// kernels gather; the gate as upstream's matmul kind, which ggml repacks where it can (gate-guided
+// steps read every gathered gate row, and only through the matmul: the gate values go into
+// ggml_si_ffn_rows); or both (dense use: no step gathers).
+enum class GatheredLoad { rows, gate_whole, dense };
+// Creates the FFN tensors of layer il when it is a SelectInfer layer (false: a dense layer), the
+// gathered gate and up rows as `load` says.
 bool create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff,
-                        bool dense_use);
+                        GatheredLoad load);
+// The strategy a file names (selectinfer.strategy), or none: absent, or not a strategy (which the
+// checks after the load refuse).
+std::optional<Strategy> file_strategy(const llama_model_loader & loader);
 
 // The validated info of a loaded model (set by the loader through ffn_hook.h), or null.
 const SiModelInfo * si_model_info(const llama_model & model);

@@ -63,7 +63,7 @@ struct RowIds {
 
 // Every row within the weight's rows (upstream's get_rows checks its indices the same way).
 void check_row_ids(const ggml_tensor * dst, const char * op) {
-    const ggml_tensor * w = dst->src[0];
+    const ggml_tensor * w = dst->src[dst->op == GGML_OP_SI_FFN_ROWS ? 1 : 0];  // ffn_rows: up (its gate may be absent)
     const RowIds row(dst);
     for (int64_t j = 0; j < row.n; ++j) {
         if (row(j) < 0 || row(j) >= w->ne[1]) {
@@ -513,20 +513,20 @@ void ffn_rows_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
     const float * h_offset = dst->src[7] ? (const float *) dst->src[7]->data : nullptr;
     const RowIds row_of(dst);
     const ggml_glu_op glu = (ggml_glu_op) ggml_get_op_params_i32(dst, GGML_SI_FFN_ROWS_GLU);
-    const int64_t n = row_of.n, K = gate->ne[0], E = down->ne[0];
+    const int64_t n = row_of.n, K = up->ne[0], E = down->ne[0];
     const int ith = params->ith, nth = params->nth;
-    const FfnRowsScratch scratch(params->wdata, ith, gate->type, K, E);
+    const FfnRowsScratch scratch(params->wdata, ith, up->type, K, E);
     std::memset(scratch.y, 0, E * sizeof(float));
 
-    const DotPath path = one_token_dot_path(gate->type, K);
-    const auto * traits = ggml_get_type_traits_cpu(gate->type);
+    const DotPath path = one_token_dot_path(up->type, K);  // gate's type too (when given)
+    const auto * traits = ggml_get_type_traits_cpu(up->type);
 #if defined(SI_INT_DOTS)
     const Int8Vector xq = int8_vector_at(scratch.x, K);
 #endif
     if (path == DotPath::int_rows) {
 #if defined(SI_INT_DOTS)
         quantize_int8(x, K, xq);
-        with_block_type<IntDotsInput>(gate->type, xq, K);
+        with_block_type<IntDotsInput>(up->type, xq, K);
 #endif
     } else if (path == DotPath::vec_dot && traits->vec_dot_type != GGML_TYPE_F32) {
         ggml_get_type_traits_cpu(traits->vec_dot_type)->from_float(x, scratch.x, K);
@@ -554,7 +554,7 @@ void ffn_rows_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
     auto rows_of = [&](int64_t j0, int count, const char ** g, const char ** u, const char ** d) {
         for (int k = 0; k < count; ++k) {
             const int64_t r = row_of(j0 + k);
-            g[k] = (const char *) gate->data + r * gate->nb[1];
+            g[k] = gate ? (const char *) gate->data + r * gate->nb[1] : nullptr;
             u[k] = (const char *) up->data + r * up->nb[1];
             d[k] = (const char *) down->data + r * down->nb[1];
         }
@@ -591,8 +591,8 @@ void ffn_rows_one_token(const ggml_compute_params * params, ggml_tensor * dst) {
         }
     }
     ggml_barrier(params->threadpool);
-    sum_thread_rows(params, dst, FfnRowsScratch(params->wdata, 0, gate->type, K, E).y,
-                    FfnRowsScratch::per_thread_bytes(gate->type, K, E) / sizeof(float),
+    sum_thread_rows(params, dst, FfnRowsScratch(params->wdata, 0, up->type, K, E).y,
+                    FfnRowsScratch::per_thread_bytes(up->type, K, E) / sizeof(float),
                     prev ? (const float *) prev->data : nullptr);
 }
 
@@ -1454,7 +1454,7 @@ size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks) {
             return (size_t) n_tasks * std::max<int64_t>(2 * (E + 64), panel) * sizeof(float);
         }
         case GGML_OP_SI_FFN_ROWS:
-            return (size_t) n_tasks * FfnRowsScratch::per_thread_bytes(node->src[0]->type, node->src[0]->ne[0],
+            return (size_t) n_tasks * FfnRowsScratch::per_thread_bytes(node->src[1]->type, node->src[1]->ne[0],
                                                                        node->src[2]->ne[0]);
         case GGML_OP_SI_COUNT:
             // per thread: a positives count, then per neuron a key, a narrowed key and a count

@@ -53,15 +53,16 @@ struct ggml_tensor * ggml_si_ffn_rows(struct ggml_context * ctx, struct ggml_ten
                                       struct ggml_tensor * down_t, struct ggml_tensor * x, struct ggml_tensor * ids,
                                       int first_id, enum ggml_glu_op glu, struct ggml_tensor * prev,
                                       struct ggml_tensor * gate_values, struct ggml_tensor * h_offset) {
-    GGML_ASSERT(ggml_are_same_shape(gate, up) && gate->type == up->type && ggml_n_dims(gate) <= 2 && ggml_n_dims(down_t) <= 2);
-    GGML_ASSERT(down_t->ne[1] == gate->ne[1] && ggml_is_contiguous_rows(gate) && ggml_is_contiguous_rows(up) &&
-                ggml_is_contiguous_rows(down_t));
-    GGML_ASSERT(x->type == GGML_TYPE_F32 && ggml_is_vector(x) && ggml_is_contiguous(x) && x->ne[0] == gate->ne[0]);
+    GGML_ASSERT(gate || gate_values);
+    GGML_ASSERT(!gate || (ggml_are_same_shape(gate, up) && gate->type == up->type && ggml_is_contiguous_rows(gate)));
+    GGML_ASSERT(ggml_n_dims(up) <= 2 && ggml_n_dims(down_t) <= 2);
+    GGML_ASSERT(down_t->ne[1] == up->ne[1] && ggml_is_contiguous_rows(up) && ggml_is_contiguous_rows(down_t));
+    GGML_ASSERT(x->type == GGML_TYPE_F32 && ggml_is_vector(x) && ggml_is_contiguous(x) && x->ne[0] == up->ne[0]);
     GGML_ASSERT(ids->type == GGML_TYPE_I32 && ggml_is_vector(ids) && ggml_is_contiguous(ids) && first_id >= 0);
     GGML_ASSERT(glu == GGML_GLU_OP_SWIGLU || glu == GGML_GLU_OP_GEGLU);
     GGML_ASSERT(!prev || (prev->type == GGML_TYPE_F32 && ggml_is_contiguous(prev) && ggml_nelements(prev) == down_t->ne[0]));
-    GGML_ASSERT(!gate_values || one_value_per_row(gate_values, gate));
-    GGML_ASSERT(!h_offset || one_value_per_row(h_offset, gate));
+    GGML_ASSERT(!gate_values || one_value_per_row(gate_values, up));
+    GGML_ASSERT(!h_offset || one_value_per_row(h_offset, up));
     struct ggml_tensor * out = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, down_t->ne[0], 1);
     ggml_set_op_params_i32(out, GGML_SI_MUL_ROWS_FIRST_ID, first_id);
     ggml_set_op_params_i32(out, GGML_SI_FFN_ROWS_GLU, glu);

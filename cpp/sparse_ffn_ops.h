@@ -34,8 +34,8 @@ GGML_API struct ggml_tensor * ggml_si_mul_rows_t(struct ggml_context * ctx, stru
 //   x [K, 1] F32, ids [n] I32, prev [E, 1] F32 or NULL (zeros) -> [E, 1] F32,
 //   out = prev + sum_j (glu(g_j, up[r_j] . x) - h_offset[r_j]) * down_t[r_j, :],  r_j = ids[j] - first_id
 //   g_j = gate_values[r_j] where given ([R] F32: a gate already computed over every row, as a
-//   step that chooses by it has), else gate[r_j] . x; h_offset [R] F32 or NULL (zeros): the
-//   dropped-neuron compensation's nu, as in ggml_si_mul_rows_t.
+//   step that chooses by it has; gate may then be NULL, and is not read), else gate[r_j] . x;
+//   h_offset [R] F32 or NULL (zeros): the dropped-neuron compensation's nu, as in ggml_si_mul_rows_t.
 // glu: GGML_GLU_OP_SWIGLU or GGML_GLU_OP_GEGLU, as ggml_swiglu_split / ggml_geglu_split. The
 // same values as ggml_si_mul_rows (gate and up), the GLU op and ggml_si_mul_rows_t, added to prev:
 // one graph node where those are five (seven with gate_values: the chosen gate values' get_rows).

@@ -574,6 +574,43 @@ def test_dense_use_loads_the_gathered_rows_for_upstreams_matmul(tmp_path, monkey
         assert all(len(ids) == 128 for ids in m.selected_neurons().values())
 
 
+@pytest.mark.parametrize("static_ratio", [0.25, 0.0], ids=["static-rows", "no-static-rows"])
+def test_gate_guided_load_repacks_the_gathered_gate(tmp_path, monkeypatch, static_ratio):
+    """The gate-guided strategy reads every gathered gate row at each step and at each prompt, so
+    the model loads them as upstream's matmul kind (placed where ggml places the original's
+    ffn_gate) and passes the gate's values to ggml_si_ffn_rows; up and ffn_down_t stay gathered.
+    Decode matches the same file loaded without repacking (the repacked kernels' 8-bit activations
+    apart), whichever of the caller, the environment or the file names the strategy."""
+    src, out = tmp_path / "q4_0.gguf", tmp_path / "si.gguf"
+    make_model(src, "tiny-llama", weight_type="Q4_0", seed=5, n_ff=256, n_layer=3)
+    convert(src, out, ranking="random", seed=2, load_ratio=0.75, static_ratio=static_ratio, layers="1:3",
+            strategy="gate-guided", progress=False)
+    with Model(src, n_ctx=64) as m:
+        original = m.weight_placement()["blk.1.ffn_gate.weight"][1]
+    gathered = "ffn_{}_dyn" if static_ratio > 0 else "ffn_{}"
+    gate, up = (f"blk.1.{gathered.format(kind)}.weight" for kind in ("gate", "up"))
+    logits, counts = {}, {}
+    for repack in (True, False):
+        with Model(out, n_ctx=64, compute_ratio=0.5, repack=repack) as m:  # the file's strategy
+            placed = m.weight_placement()
+            _, logits[repack] = decode(m, m.tokenize(PROMPT), 4)
+            counts[repack] = m.computed_counts()
+        for il in (1, 2):
+            assert placed[f"blk.{il}.{gathered.format('gate')}.weight"][1] == (original if repack else "CPU_Mapped")
+            assert placed[f"blk.{il}.{gathered.format('up')}.weight"][1] == "CPU_Mapped"
+            assert placed[f"blk.{il}.ffn_down_t.weight"][1] == "CPU_Mapped"
+    assert counts[True] == counts[False] == {1: 128, 2: 128}
+    assert np.abs(logits[True] - logits[False]).mean() <= 0.05 * np.abs(logits[False]).mean()
+    with Model(out, n_ctx=64, strategy="frequency") as m:  # the caller's word wins over the file's
+        assert m.weight_placement()[gate][1] == "CPU_Mapped"
+        decode(m, m.tokenize(PROMPT), 2)
+    monkeypatch.setenv("SELECTINFER_STRATEGY", "fixed")
+    with Model(out, n_ctx=64) as m:  # the environment's over the file's
+        assert m.weight_placement()[gate][1] == "CPU_Mapped"
+    with Model(out, n_ctx=64, strategy="gate-guided") as m:  # the caller's over the environment's
+        assert m.weight_placement()[gate][1] == original and m.weight_placement()[up][1] == "CPU_Mapped"
+
+
 def test_sparse_decode_differs_from_dense(si_model):
     with Model(si_model, n_ctx=128, compute_ratio=0.25) as sel, Model(si_model, n_ctx=128, dense=True) as dense:
         prompt = sel.tokenize(PROMPT)

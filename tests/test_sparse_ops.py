@@ -233,7 +233,8 @@ def test_ffn_rows_down_of_another_type(gate_type, down_type, with_prev):
 def test_ffn_rows_given_gate_values_and_offset(type_name, n_threads, given):
     # a step that chose its neurons by their gate passes the gate's values (random here, unlike the
     # gate rows' products, so that a gate dotted anyway shows), and the compensation's nu per row;
-    # without prev where both are given (the step's sum without a static block)
+    # where both are given, without prev (the step's sum without a static block) and without the
+    # gate weights (a gate-guided load repacks them for upstream's matmul)
     (gate, up, down, x, ids), values = ffn_rows_case(type_name, type_name, seed=31)
     rows = gate[1][1]
     rng = np.random.default_rng(32)
@@ -252,7 +253,8 @@ def test_ffn_rows_given_gate_values_and_offset(type_name, n_threads, given):
     prev = rng.standard_normal(down[1][0]).astype(np.float32) if given != "both" else None
     first_id = 5
     optional = [None if a is None else f32(a) for a in (prev, gate_values, offset)]
-    inputs = [gate, up, down, f32(x), i32(ids + first_id)] + [LEFT_OUT if a is None else a for a in optional]
+    inputs = [LEFT_OUT if given == "both" else gate, up, down, f32(x), i32(ids + first_id)]
+    inputs += [LEFT_OUT if a is None else a for a in optional]
     got = out_f32(_native.run_sparse_op("ffn_rows", inputs, n_threads, first_id=first_id), (1, down[1][0]))
     expected = h @ values[2][ids] + (0.0 if prev is None else prev)
     error, scale = np.abs(got - expected), np.abs(expected).max()
@@ -449,8 +451,9 @@ def test_op_argument_errors():
         (("ffn_rows", [w, w, w, f32(np.ones((2, 64))), i32([3])], 1), "x must be one token"),
         (("ffn_rows", [w, w, w, f32(np.ones(64)), i32([3]), LEFT_OUT, f32(np.ones(7))], 1), "gate_values must be"),
         (("ffn_rows", [w, w, w, f32(np.ones(64)), i32([3]), LEFT_OUT, LEFT_OUT, i32(range(8))], 1), "h_offset must be F32"),
-        (("ffn_rows", [w, w, w, f32(np.ones(64)), LEFT_OUT], 1), "only ffn_rows's prev"),
-        (("mul_rows", [w, x, LEFT_OUT], 1), "only ffn_rows's prev"),
+        (("ffn_rows", [w, w, w, f32(np.ones(64)), LEFT_OUT], 1), "only ffn_rows's gate, prev"),
+        (("mul_rows", [w, x, LEFT_OUT], 1), "only ffn_rows's gate, prev"),
+        (("ffn_rows", [LEFT_OUT, w, w, f32(np.ones(64)), i32([3])], 1), "the gate or its values"),
     ]
     for args, match in bad:
         with pytest.raises(ValueError, match=match):
