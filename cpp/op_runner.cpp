@@ -99,7 +99,7 @@ std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & i
     std::unique_ptr<ggml_context, void (*)(ggml_context *)> ctx(ggml_init(params), ggml_free);
     std::vector<ggml_tensor *> t;
     for (size_t i = 0; i < inputs.size(); ++i) {
-        // an input without a shape: an optional one left out (ffn_rows's after ids)
+        // an input without a shape: an optional one left out (ffn_rows's gate, and those after ids)
         const bool absent = inputs[i].ne.empty() && inputs[i].data.empty();
         require(!absent || (op == "ffn_rows" && (i == 0 || i >= 5)),
                 "only ffn_rows's gate, prev, gate_values and h_offset may be left out");

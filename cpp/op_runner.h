@@ -17,8 +17,9 @@ struct OpInput {
 
 // op: "mul_rows" (w, x, ids or none; first_id), "mul_rows_t" (w, h, ids or none, h_offset with ids;
 // first_id), "ffn_rows" (gate, up, down_t, x, ids, then prev, gate_values and h_offset, each
-// optional, as is the gate given its values: an input without shape or data is left out; first_id, activation "silu" or "gelu"), "count" (act, prev or none; alpha, by_magnitude), "select" (counts; n_static, n_dynamic,
-// score: enum ggml_si_score). device: a ggml device name ("CPU", "CUDA0"). Returns the output's raw
+// optional, as is the gate given its values: an input without shape or data is left out;
+// first_id, activation "silu" or "gelu"), "count" (act, prev or none; alpha, by_magnitude),
+// "select" (counts; n_static, n_dynamic, score: enum ggml_si_score). device: a ggml device name ("CPU", "CUDA0"). Returns the output's raw
 // bytes; inputs that do not fit the op are std::invalid_argument.
 std::string run_sparse_op(const std::string & op, const std::vector<OpInput> & inputs, int n_threads,
                           int n_static = 0, int n_dynamic = 0, float alpha = 0.0f, bool by_magnitude = false,
