@@ -557,10 +557,11 @@ ggml_tensor * with_dropped(ggml_context * ctx, ggml_tensor * out, const Compensa
 ggml_tensor * with_chosen_rows(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x, ggml_tensor * chosen,
                                int first_id, ggml_tensor * out, ggml_tensor * gate_values, ggml_tensor * nu) {
     ggml_tensor * gate = w.gathered_gate(), * up = w.gathered_up();
-    // with the gate's values the op reads no gate row (a gate-guided load may have repacked them)
+    // with the gate's values the op reads no gate row (a gate-guided load may have repacked them),
+    // so only a gate it reads must be in host memory and of up's type
     const bool gate_read = !gate_values;
-    if (x->ne[1] == 1 && gate->type == up->type && (!gate_read || on_cpu_only(gate)) && on_cpu_only(up) &&
-        on_cpu_only(w.down_t)) {
+    const bool gate_fits = !gate_read || (gate->type == up->type && on_cpu_only(gate));
+    if (x->ne[1] == 1 && gate_fits && on_cpu_only(up) && on_cpu_only(w.down_t)) {
         return ggml_si_ffn_rows(ctx, gate_read ? gate : nullptr, up, w.down_t, x, chosen, first_id, w.glu_op(), out,
                                 gate_values, nu);
     }
