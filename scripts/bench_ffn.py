@@ -1,5 +1,5 @@
 """FFN time of one layer: the original dense layer against a SelectInfer layer, with the real
-ggml kernels on random weights (selectinfer._native.time_ffn_layer). Shows where decode and
+ggml kernels on random weights (selectinfer._testing.time_ffn_layer). Shows where decode and
 prefill time goes, step by step, without the rest of the model. Steps run interleaved;
 medians of every step and ratios are printed.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from selectinfer import _native
+from selectinfer import _native, _testing
 from selectinfer.bench import computed_neurons
 from selectinfer.convert import layer_counts
 from selectinfer.synthetic import SHAPES
@@ -22,7 +22,7 @@ SHAPES_AND_DEFAULT = {**{k: (v.n_embd, v.n_ff) for k, v in SHAPES.items()}, "smo
 
 def medians(type_id: int, n_embd: int, n_ff: int, n_load: int, n_static: int, n_select: int, n_tokens: int,
             threads: int, reps: int) -> dict[str, float]:
-    times = _native.time_ffn_layer(type_id, n_embd, n_ff, n_load, n_static, n_select, n_tokens, threads, reps)
+    times = _testing.time_ffn_layer(type_id, n_embd, n_ff, n_load, n_static, n_select, n_tokens, threads, reps)
     return {step: statistics.median(ms) for step, ms in times}
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compiles every CUDA file selectinfer adds or patches, for the GPUs the CUDA build targets by
 # default (sm_87 Jetson Orin, sm_90 H100/H200), on a machine without a GPU: our kernels
-# (cpp/sparse_ffn_cuda.cu) and ggml-cuda's dispatch as patched (ggml-cuda.cu, ggml-patches/0007).
+# (cpp/ggml/cuda/sparse_ffn_cuda.cu) and ggml-cuda's dispatch as patched (ggml-cuda.cu, ggml-patches/0007).
 # A kernel that does not compile cannot land (CI runs this). The rest of ggml-cuda is upstream's,
 # unchanged, and would take most of CI's time on two cores.
 #
@@ -62,8 +62,8 @@ TREE=$("$PY" cmake/llama_cpp_source.py --patches ggml-patches)
 FLAGS=(-std=c++17 -O3 -use_fast_math -extended-lambda -Xcompiler=-fPIC
        -DGGML_CUDA_USE_GRAPHS -DGGML_SCHED_MAX_COPIES=4 -DGGML_CUDA_PEER_MAX_BATCH_SIZE=128 -D_GNU_SOURCE
        -D_XOPEN_SOURCE=600 -DGGML_USE_CUDA
-       -I "$TREE/ggml/include" -I "$TREE/ggml/src" -I "$TREE/ggml/src/ggml-cuda" -I cpp "${CUBLAS_INCLUDE[@]}")
-FILES=(cpp/sparse_ffn_cuda.cu "$TREE/ggml/src/ggml-cuda/ggml-cuda.cu")
+       -I "$TREE/ggml/include" -I "$TREE/ggml/src" -I "$TREE/ggml/src/ggml-cuda" -I cpp/ggml -I cpp/ggml/cuda "${CUBLAS_INCLUDE[@]}")
+FILES=(cpp/ggml/cuda/sparse_ffn_cuda.cu "$TREE/ggml/src/ggml-cuda/ggml-cuda.cu")
 echo "cuda_compile_check: $("$NVCC" --version | tail -1)" >&2
 for arch in "${ARCHS[@]}"; do
   for f in "${FILES[@]}"; do

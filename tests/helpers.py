@@ -179,7 +179,7 @@ def ggml_include() -> Path:
     return src.patched_tree(Path(__file__).resolve().parents[1] / "ggml-patches") / "ggml" / "include"
 
 
-# inputs and outputs of _native.run_sparse_op: (ggml type, ne in ggml order, raw bytes)
+# inputs and outputs of _testing.run_sparse_op: (ggml type, ne in ggml order, raw bytes)
 def f32(a):
     from gguf import GGMLQuantizationType as T
 
@@ -194,7 +194,7 @@ def i32(a):
     return (int(T.I32), [len(a)], a.tobytes())
 
 
-# an optional op input left out (_native.run_sparse_op: an input without shape or data)
+# an optional op input left out (_testing.run_sparse_op: an input without shape or data)
 LEFT_OUT = (0, [], b"")
 
 

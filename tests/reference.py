@@ -248,7 +248,7 @@ def reference_layer_budgets(layers: list[tuple[int, int, float, list[float]]], p
 
 def reference_dropped_means(gate_rms, up_slope, n_kept: int, act=silu, gate_mean=None, up_mean=None,
                             grid=(8.0, 16001), up_rms=None) -> np.ndarray:
-    """E[act(g) u | neuron dropped] per neuron (cpp/compensation.h) with g ~ N(mu_g, sigma^2),
+    """E[act(g) u | neuron dropped] per neuron (cpp/llama/compensation.h) with g ~ N(mu_g, sigma^2),
     sigma^2 = gate_rms^2 - mu_g^2, E[u | g] = mu_u + b (g - mu_g), b = (up_slope gate_rms^2 - mu_g mu_u)
     / sigma^2 (means 0 when not given), and a neuron dropped where |act(g)| (times up_rms, when
     given) is under the one threshold that keeps n_kept neurons on average: the threshold from every (neuron, grid point)

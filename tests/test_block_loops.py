@@ -1,4 +1,4 @@
-"""The fused block loops (cpp/block_loops.h) built for every x86 level this CPU can run, not only
+"""The fused block loops (cpp/ggml/cpu/block_loops.h) built for every x86 level this CPU can run, not only
 the one the engine was built for: SSE2, SSE4.2, AVX, AVX2, AVX-512 and the two VNNI levels each
 compile different code (vector width, F16C, byte widening, dot instructions), and a CPU only ever
 runs one of them. Each build decodes random rows of every fused type, adds them and dots them;
@@ -15,8 +15,10 @@ from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
 from helpers import ggml_include, stored_rows
 
+from selectinfer import _testing
+
 REPO = Path(__file__).resolve().parents[1]
-TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]  # GGML_SI_FUSED_TYPES
+TYPES = [name.upper() for name in _testing.sparse_fused_types()]  # the types with fused row loops
 # (name, compiler flags, the /proc/cpuinfo flags a CPU needs to run it): ggml's x86 variants' levels
 LEVELS = [
     ("x86-64", [], []),
@@ -53,7 +55,7 @@ def builds(tmp_path_factory):
         if not set(needs) <= flags:
             continue
         program = out / name
-        subprocess.run([compiler, "-O2", "-std=gnu++17", "-w", *cflags, "-I", str(REPO / "cpp"), "-I", str(include),
+        subprocess.run([compiler, "-O2", "-std=gnu++17", "-w", *cflags, "-I", str(REPO / "cpp" / "ggml"), "-I", str(REPO / "cpp" / "ggml" / "cpu"), "-I", str(include),
                         str(REPO / "tests" / "native" / "block_loops_check.cpp"), "-o", str(program)], check=True)
         programs[name] = program
     return programs

@@ -1,11 +1,11 @@
-"""Dropped-neuron compensation (cpp/compensation.cpp): each gathered neuron's expected activation
+"""Dropped-neuron compensation (cpp/llama/compensation.cpp): each gathered neuron's expected activation
 when a decode step drops it, against a numpy reference on a finer grid and against a Monte Carlo
 simulation of the steps it models; the converter's gate statistics against numpy."""
 import numpy as np
 import pytest
 from reference import gelu, reference_dropped_means, silu
 
-from selectinfer import _native
+from selectinfer import _testing
 from selectinfer.convert import gate_means, gate_stats
 
 ACTS = {"silu": silu, "gelu": gelu}
@@ -18,7 +18,7 @@ def test_dropped_means_match_reference(activation, n_kept):
     rms = rng.uniform(0.05, 4.0, 64).astype(np.float32)
     rms[5] = 0.0  # a gate that is always 0: never kept, nothing to add
     slope = rng.normal(0.0, 1.0, 64).astype(np.float32)
-    got = np.array(_native.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation))
+    got = np.array(_testing.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation))
     want = reference_dropped_means(rms, slope, n_kept, ACTS[activation])
     assert got[5] == 0.0
     scale = max(np.abs(want).max(), 1e-6)
@@ -47,7 +47,7 @@ def test_dropped_means_are_what_steps_drop(activation):
     kept = np.zeros_like(score, dtype=bool)
     np.put_along_axis(kept, np.argpartition(-score, n_kept - 1, axis=1)[:, :n_kept], True, axis=1)
     simulated = (a * ~kept).sum(0) / (~kept).sum(0)
-    got = np.array(_native.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation))
+    got = np.array(_testing.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation))
     assert np.corrcoef(got, simulated)[0, 1] > 0.99
     assert np.abs(got - simulated).max() < 0.05 * np.abs(simulated).max()
 
@@ -60,15 +60,15 @@ def test_dropped_means_weighted_by_up_rms_match_reference(activation, n_kept):
     rms = rng.uniform(0.05, 4.0, 64).astype(np.float32)
     slope = rng.normal(0.0, 1.0, 64).astype(np.float32)
     up_rms = rng.uniform(0.1, 5.0, 64).astype(np.float32)
-    got = np.array(_native.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation, up_rms=up_rms.tolist()))
+    got = np.array(_testing.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation, up_rms=up_rms.tolist()))
     want = reference_dropped_means(rms, slope, n_kept, ACTS[activation], up_rms=up_rms)
     scale = max(np.abs(want).max(), 1e-6)
     assert np.abs(got - want).max() < 3e-2 * scale, (got, want)
     unweighted = reference_dropped_means(rms, slope, n_kept, ACTS[activation])
     assert np.abs(unweighted - want).max() > 0.2 * scale  # the weights move the threshold per neuron
     np.testing.assert_array_equal(  # weights of 1 are no weights, to the bit
-        _native.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation, up_rms=[1.0] * 64),
-        _native.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation))
+        _testing.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation, up_rms=[1.0] * 64),
+        _testing.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation))
 
 
 @pytest.mark.parametrize("activation", ["silu", "gelu"])
@@ -87,7 +87,7 @@ def test_weighted_dropped_means_are_what_steps_drop(activation):
     np.put_along_axis(kept, np.argpartition(-score, n_kept - 1, axis=1)[:, :n_kept], True, axis=1)
     often = (~kept).sum(0) > 500  # neurons dropped often enough to measure
     simulated = (a * ~kept).sum(0)[often] / (~kept).sum(0)[often]
-    got = np.array(_native.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation,
+    got = np.array(_testing.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation,
                                          up_rms=up_rms.tolist()))[often]
     assert often.sum() > 150
     assert np.corrcoef(got, simulated)[0, 1] > 0.99
@@ -108,7 +108,7 @@ def test_dropped_means_with_means_match_reference(activation, n_kept):
     rms = np.sqrt(sd ** 2 + mu_g ** 2)
     slope = (b * sd ** 2 + mu_g * mu_u) / rms ** 2  # E[g u] / E[g^2]
     args = [rms.astype(np.float32).tolist(), slope.astype(np.float32).tolist(), n_kept, activation]
-    got = np.array(_native.dropped_means(*args, mu_g.astype(np.float32).tolist(), mu_u.astype(np.float32).tolist()))
+    got = np.array(_testing.dropped_means(*args, mu_g.astype(np.float32).tolist(), mu_u.astype(np.float32).tolist()))
     # the same grid as the engine's (401 points on [-6, 6]): the same numbers but where a point ties the threshold
     same_grid = reference_dropped_means(rms, slope, n_kept, ACTS[activation], mu_g, mu_u, grid=(6.0, 401))
     scale = max(np.abs(same_grid).max(), 1e-6)
@@ -118,7 +118,7 @@ def test_dropped_means_with_means_match_reference(activation, n_kept):
     assert np.abs(got - fine).max() < 0.1 * scale and np.abs(got - fine).mean() < 0.02 * scale
     # zero means are the model without means, to the bit
     zero = [0.0] * n
-    np.testing.assert_array_equal(_native.dropped_means(*args, zero, zero), _native.dropped_means(*args))
+    np.testing.assert_array_equal(_testing.dropped_means(*args, zero, zero), _testing.dropped_means(*args))
     if n_kept == 0:  # every neuron dropped: E[act(g) u], by Monte Carlo
         z = np.random.default_rng(2).standard_normal(400_000)
         mc = np.array([np.mean(ACTS[activation](m + s * z) * (mu + bb * s * z)) for m, s, mu, bb in zip(mu_g, sd, mu_u, b)])
@@ -142,30 +142,30 @@ def test_dropped_means_with_means_are_what_steps_drop(activation):
     often = dropped >= 3000  # (a gate of large mean is kept at nearly every step: too few samples)
     rms = np.sqrt((g * g).mean(0))
     slope = (g * u).mean(0) / (g * g).mean(0)
-    got = np.array(_native.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation, g.mean(0).tolist(),
+    got = np.array(_testing.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation, g.mean(0).tolist(),
                                          u.mean(0).tolist()))
     got, simulated = got[often], simulated[often]
     assert often.sum() > 150
     assert np.corrcoef(got, simulated)[0, 1] > 0.99
     assert np.abs(got - simulated).max() < 0.05 * np.abs(simulated).max()
     # the zero-mean model misses them
-    without = np.array(_native.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation))[often]
+    without = np.array(_testing.dropped_means(rms.tolist(), slope.tolist(), n_kept, activation))[often]
     assert np.abs(without - simulated).max() > 3 * np.abs(got - simulated).max()
 
 
 def test_dropped_means_refuse_bad_arguments():
     with pytest.raises(ValueError, match=r"one slope \(and mean, up rms\) per neuron"):
-        _native.dropped_means([1.0, 1.0], [1.0], 1, "silu")
+        _testing.dropped_means([1.0, 1.0], [1.0], 1, "silu")
     with pytest.raises(ValueError, match="n_kept <= neurons"):
-        _native.dropped_means([1.0], [1.0], 2, "silu")
+        _testing.dropped_means([1.0], [1.0], 2, "silu")
     with pytest.raises(ValueError, match="n_kept <= neurons"):
-        _native.dropped_means([1.0], [1.0], -1, "silu")
+        _testing.dropped_means([1.0], [1.0], -1, "silu")
     with pytest.raises(ValueError, match="silu or gelu"):
-        _native.dropped_means([1.0], [1.0], 0, "relu")
+        _testing.dropped_means([1.0], [1.0], 0, "relu")
     with pytest.raises(ValueError, match="and mean"):
-        _native.dropped_means([1.0, 1.0], [1.0, 1.0], 1, "silu", [0.5], [0.5, 0.5])
+        _testing.dropped_means([1.0, 1.0], [1.0, 1.0], 1, "silu", [0.5], [0.5, 0.5])
     with pytest.raises(ValueError, match="up rms"):
-        _native.dropped_means([1.0, 1.0], [1.0, 1.0], 1, "silu", up_rms=[1.0])
+        _testing.dropped_means([1.0, 1.0], [1.0, 1.0], 1, "silu", up_rms=[1.0])
 
 
 def test_gate_stats_match_numpy():

@@ -11,9 +11,9 @@ from gguf import GGMLQuantizationType as T
 from helpers import f32, i32, make_predicted_si_model, profiled_si_model, stored_rows
 from reference import reference_choose, reference_count
 
-from selectinfer import Model, _native
+from selectinfer import Model, _native, _testing
 
-CUDA_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]  # GGML_SI_FUSED_TYPES
+CUDA_TYPES = [name.upper() for name in _testing.sparse_fused_types()]  # the types with fused row loops
 BLOCK = {t: 256 if t.endswith("_K") else 32 for t in CUDA_TYPES}
 
 
@@ -37,7 +37,7 @@ def weights(type_name, rows, cols, seed):
 
 
 def run(device, op, inputs, shape, dtype=np.float32, **kw):
-    return np.frombuffer(_native.run_sparse_op(op, inputs, 2, device=device, **kw), dtype=dtype).reshape(shape)
+    return np.frombuffer(_testing.run_sparse_op(op, inputs, 2, device=device, **kw), dtype=dtype).reshape(shape)
 
 
 def close(got, expected, bound):

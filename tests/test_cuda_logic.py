@@ -1,6 +1,6 @@
 """The logic the CUDA kernels share with the host, checked on any machine: the per-type
-dequantization (cpp/row_decode.h, built for the host) against gguf-py's, and the selection rule
-(cpp/selection_rule.h: rank keys, their order bits, the radix select, ties to the lower row)
+dequantization (cpp/ggml/row_decode.h, built for the host) against gguf-py's, and the selection rule
+(cpp/ggml/selection_rule.h: rank keys, their order bits, the radix select, ties to the lower row)
 against numpy. The CPU kernels of count and select run the same rule (tests/test_sparse_ops.py);
 the CUDA kernels themselves run in tests/test_cuda.py where a GPU is present."""
 import shutil
@@ -13,8 +13,10 @@ from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
 from helpers import ggml_include, stored_rows
 
+from selectinfer import _testing
+
 REPO = Path(__file__).resolve().parents[1]
-TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]  # GGML_SI_FUSED_TYPES
+TYPES = [name.upper() for name in _testing.sparse_fused_types()]  # the types with fused row loops
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +25,7 @@ def check(tmp_path_factory):
     if not compiler:
         pytest.skip("no C++ compiler on the PATH")
     program = tmp_path_factory.mktemp("cuda_logic") / "cuda_logic_check"
-    subprocess.run([compiler, "-O2", "-std=gnu++17", "-Wall", "-Werror", "-I", str(REPO / "cpp"),
+    subprocess.run([compiler, "-O2", "-std=gnu++17", "-Wall", "-Werror", "-I", str(REPO / "cpp" / "ggml"),
                     "-I", str(ggml_include()), str(REPO / "tests" / "native" / "cuda_logic_check.cpp"),
                     "-o", str(program)], check=True)
     return program

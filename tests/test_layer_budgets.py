@@ -1,4 +1,4 @@
-"""Per-layer budgets (cpp/layer_budgets.cpp) against the numpy reference: uniform sizes are phi N
+"""Per-layer budgets (cpp/llama/layer_budgets.cpp) against the numpy reference: uniform sizes are phi N
 within each layer's bounds; the profile's share the uniform sizes' bytes out by share per byte."""
 import numpy as np
 import pytest

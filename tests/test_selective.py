@@ -430,7 +430,7 @@ def test_profile_budgets_need_the_files_shares(si_model, monkeypatch):
 
 def test_gate_guided_with_compensation_matches_reference(predicted_si_model):
     """A file with gate statistics compensates by default: each step's dropped gathered neurons
-    count with the reference's expected activation (cpp/compensation.h)."""
+    count with the reference's expected activation (cpp/llama/compensation.h)."""
     check_step_chosen(predicted_si_model, "gate-guided", gate_score)
 
 

@@ -1,5 +1,5 @@
 """A SelectInfer GGUF is untrusted input: every selectinfer.* key and every SelectInfer layer's tensors
-are checked when the model loads (cpp/si_gguf.cpp), and what does not fit is refused with
+are checked when the model loads (cpp/llama/si_gguf.cpp), and what does not fit is refused with
 ModelLoadError naming the key and the layer, in Python and in the CLI."""
 import numpy as np
 import pytest
@@ -307,7 +307,7 @@ def test_a_message_quoting_bytes_from_the_file_is_still_text(si_parts, tmp_path)
 
 
 def test_the_reader_and_the_writer_agree_on_the_keys(si_parts):
-    """The keys cpp/si_gguf.cpp reads are the keys python/selectinfer/convert.py writes, and both
+    """The keys cpp/llama/si_gguf.cpp reads are the keys python/selectinfer/convert.py writes, and both
     say the same format version (the format is defined twice, in two languages)."""
     import re
     from pathlib import Path

@@ -6,9 +6,9 @@ from gguf import GGMLQuantizationType as T
 from helpers import LEFT_OUT, f32, i32, out_f32, stored_rows
 from reference import gelu, reference_choose, reference_count, reference_select, silu, to_bf16
 
-from selectinfer import _native
+from selectinfer import _native, _testing
 
-# every weight type a SelectInfer layer may hold (the loader refuses others: cpp/si_gguf.cpp)
+# every weight type a SelectInfer layer may hold (the loader refuses others: cpp/llama/si_gguf.cpp)
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 BLOCK = {t: 1 if t in ("F32", "F16", "BF16") else 256 if t.endswith("_K") else 32 for t in TYPES}
 # relative error bound of each op's result for a weight type; the activations of mul_rows are
@@ -52,7 +52,7 @@ def test_mul_rows(type_name, n_tokens, n_threads):
     rng = np.random.default_rng(2)
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32)  # numpy [T, K] = ggml [K, T]
     ids = np.array([36, 0, 5, 5, 17, 2, 30, 11, 20], dtype=np.int32)  # odd count, unsorted, repeated
-    got = out_f32(_native.run_sparse_op("mul_rows", [w, f32(x), i32(ids)], n_threads), (n_tokens, len(ids)))
+    got = out_f32(_testing.run_sparse_op("mul_rows", [w, f32(x), i32(ids)], n_threads), (n_tokens, len(ids)))
     check_mul_rows(got, x, w_values[ids], type_name)
 
 
@@ -72,7 +72,7 @@ def test_mul_rows_tokens_many_rows(type_name, n_tokens, n_threads, with_ids):
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
     ids = rng.integers(0, rows, 101).astype(np.int32) if with_ids else np.arange(rows, dtype=np.int32)
     inputs = [w, f32(x)] + ([i32(ids)] if with_ids else [])
-    got = out_f32(_native.run_sparse_op("mul_rows", inputs, n_threads), (n_tokens, len(ids)))
+    got = out_f32(_testing.run_sparse_op("mul_rows", inputs, n_threads), (n_tokens, len(ids)))
     check_mul_rows(got, x, w_values[ids], type_name)
 
 
@@ -89,7 +89,7 @@ def test_mul_rows_one_token_many_groups(type_name, n_threads, with_ids):
     x = rng.standard_normal((1, cols)).astype(np.float32)
     ids = rng.integers(0, rows, 101).astype(np.int32) if with_ids else np.arange(rows, dtype=np.int32)
     inputs = [w, f32(x)] + ([i32(ids)] if with_ids else [])  # with ids: unsorted, with repeats
-    got = out_f32(_native.run_sparse_op("mul_rows", inputs, n_threads), (1, len(ids)))
+    got = out_f32(_testing.run_sparse_op("mul_rows", inputs, n_threads), (1, len(ids)))
     expected = x.astype(np.float64) @ w_values[ids].T
     assert np.abs(got - expected).max() <= BOUND[type_name] * np.abs(expected).max()
 
@@ -111,11 +111,11 @@ def test_mul_rows_t(type_name, n_tokens, n_threads, with_ids, size):
     h = rng.standard_normal((n_tokens, len(ids))).astype(np.float32)
     h[:, 1] = 0.0  # zero activations are skipped by the kernel: still correct
     inputs = [w, f32(h)] + ([i32(ids)] if with_ids else [])
-    got = out_f32(_native.run_sparse_op("mul_rows_t", inputs, n_threads), (n_tokens, cols))
+    got = out_f32(_testing.run_sparse_op("mul_rows_t", inputs, n_threads), (n_tokens, cols))
     expected = h.astype(np.float64) @ w_values[ids]
     error = np.abs(got - expected)
     if n_tokens == 1 and type_name in INT_ROW_TYPES and INT_ROWS_BUILT:
-        # one token on x86 with AVX2: rows added in integers with 8-bit factors (cpp/block_loops.h),
+        # one token on x86 with AVX2: rows added in integers with 8-bit factors (cpp/ggml/cpu/block_loops.h),
         # mul_rows' bound; and its mean square error that of 8-bit rounding (~1e-5, not ~1e-2 of a bug)
         assert error.max() <= BOUND[type_name] * np.abs(expected).max()
         assert (error ** 2).mean() <= 1e-4 * (expected ** 2).mean()
@@ -150,7 +150,7 @@ def test_mul_rows_t_with_offset(type_name, n_threads):
     h = rng.standard_normal((1, len(ids))).astype(np.float32)
     offset = rng.standard_normal(rows).astype(np.float32)
     offset[ids[3]] = h[0, 3]  # an activation its offset cancels: the row adds nothing
-    got = out_f32(_native.run_sparse_op("mul_rows_t", [w, f32(h), i32(ids), f32(offset)], n_threads), (1, cols))
+    got = out_f32(_testing.run_sparse_op("mul_rows_t", [w, f32(h), i32(ids), f32(offset)], n_threads), (1, cols))
     expected = (h.astype(np.float64) - offset[ids]) @ w_values[ids]
     error = np.abs(got - expected)
     if type_name in INT_ROW_TYPES and INT_ROWS_BUILT:  # as test_mul_rows_t, one token
@@ -193,7 +193,7 @@ def test_ffn_rows(type_name, n_threads, activation):
     first_id = 7
     prev = np.random.default_rng(12).standard_normal(down[1][0]).astype(np.float32)
     inputs = [gate, up, down, f32(x), i32(ids + first_id), f32(prev)]
-    got = out_f32(_native.run_sparse_op("ffn_rows", inputs, n_threads, first_id=first_id, activation=activation),
+    got = out_f32(_testing.run_sparse_op("ffn_rows", inputs, n_threads, first_id=first_id, activation=activation),
                   (1, down[1][0]))
     expected = ffn_rows_reference(values, x, ids, activation, prev)
     error, scale = np.abs(got - expected), np.abs(expected).max()
@@ -203,7 +203,7 @@ def test_ffn_rows(type_name, n_threads, activation):
     assert (error ** 2).mean() <= 1e-3 * (expected ** 2).mean()
 
     def op(name, ins, shape):
-        return out_f32(_native.run_sparse_op(name, ins, n_threads, first_id=first_id), shape).astype(np.float64)
+        return out_f32(_testing.run_sparse_op(name, ins, n_threads, first_id=first_id), shape).astype(np.float64)
     g = op("mul_rows", [gate, f32(x), i32(ids + first_id)], (1, len(ids)))
     u = op("mul_rows", [up, f32(x), i32(ids + first_id)], (1, len(ids)))
     h = (gelu(g) if activation == "gelu" else silu(g)) * u
@@ -220,7 +220,7 @@ def test_ffn_rows_down_of_another_type(gate_type, down_type, with_prev):
     (gate, up, down, x, ids), values = ffn_rows_case(gate_type, down_type, seed=21, n_ids=40)
     prev = np.random.default_rng(22).standard_normal(down[1][0]).astype(np.float32) if with_prev else None
     inputs = [gate, up, down, f32(x), i32(ids)] + ([f32(prev)] if with_prev else [])
-    got = out_f32(_native.run_sparse_op("ffn_rows", inputs, 2), (1, down[1][0]))
+    got = out_f32(_testing.run_sparse_op("ffn_rows", inputs, 2), (1, down[1][0]))
     expected = ffn_rows_reference(values, x, ids, "silu", prev)
     error = np.abs(got - expected)
     assert error.max() <= 5 * max(BOUND[gate_type], BOUND[down_type]) * np.abs(expected).max()
@@ -255,7 +255,7 @@ def test_ffn_rows_given_gate_values_and_offset(type_name, n_threads, given):
     optional = [None if a is None else f32(a) for a in (prev, gate_values, offset)]
     inputs = [LEFT_OUT if given == "both" else gate, up, down, f32(x), i32(ids + first_id)]
     inputs += [LEFT_OUT if a is None else a for a in optional]
-    got = out_f32(_native.run_sparse_op("ffn_rows", inputs, n_threads, first_id=first_id), (1, down[1][0]))
+    got = out_f32(_testing.run_sparse_op("ffn_rows", inputs, n_threads, first_id=first_id), (1, down[1][0]))
     expected = h @ values[2][ids] + (0.0 if prev is None else prev)
     error, scale = np.abs(got - expected), np.abs(expected).max()
     assert error.max() <= 5 * BOUND[type_name] * scale
@@ -264,7 +264,7 @@ def test_ffn_rows_given_gate_values_and_offset(type_name, n_threads, given):
     # against the ops one by one: up by mul_rows, the activation in numpy, down by mul_rows_t with
     # the offset (the same kernels, apart by the activation's float32 rounding)
     def op(name, ins, shape):
-        return out_f32(_native.run_sparse_op(name, ins, n_threads, first_id=first_id), shape).astype(np.float64)
+        return out_f32(_testing.run_sparse_op(name, ins, n_threads, first_id=first_id), shape).astype(np.float64)
     if gate_values is None:
         g = op("mul_rows", [gate, f32(x), i32(ids + first_id)], (1, len(ids)))
     h = silu(g) * op("mul_rows", [up, f32(x), i32(ids + first_id)], (1, len(ids)))
@@ -275,13 +275,13 @@ def test_ffn_rows_given_gate_values_and_offset(type_name, n_threads, given):
 
 def run_count(act, alpha, by_magnitude, n_threads, prev=None):
     inputs = [f32(act)] + ([f32(prev)] if prev is not None else [])
-    return out_f32(_native.run_sparse_op("count", inputs, n_threads, alpha=alpha, by_magnitude=by_magnitude),
+    return out_f32(_testing.run_sparse_op("count", inputs, n_threads, alpha=alpha, by_magnitude=by_magnitude),
                    (act.shape[1],))
 
 
 def run_select(counts, n_static, n_dynamic, score=0, n_threads=1, scale=None):
     inputs = [f32(counts)] + ([f32(scale)] if scale is not None else [])
-    raw = _native.run_sparse_op("select", inputs, n_threads, n_static, n_dynamic, score=score)
+    raw = _testing.run_sparse_op("select", inputs, n_threads, n_static, n_dynamic, score=score)
     return np.frombuffer(raw, dtype=np.int32).tolist()
 
 
@@ -340,7 +340,7 @@ def test_count_in_two_parts_matches_reference(n_first, n_threads):
     for alpha, by_magnitude in ((0.2, False), (0.5, True), (1.0, False)):
         for p in (None, prev):
             inputs = [f32(first), f32(rest)] + ([f32(p)] if p is not None else [])
-            got = out_f32(_native.run_sparse_op("count_parts", inputs, n_threads, alpha=alpha, by_magnitude=by_magnitude),
+            got = out_f32(_testing.run_sparse_op("count_parts", inputs, n_threads, alpha=alpha, by_magnitude=by_magnitude),
                           (1077,))
             assert got.tolist() == reference_count(act, alpha, by_magnitude, p).tolist(), (alpha, p is None)
 
@@ -457,19 +457,19 @@ def test_op_argument_errors():
     ]
     for args, match in bad:
         with pytest.raises(ValueError, match=match):
-            _native.run_sparse_op(*args)
+            _testing.run_sparse_op(*args)
     with pytest.raises(ValueError, match="activation must be"):
-        _native.run_sparse_op("ffn_rows", [w, w, w, f32(np.ones(64)), i32([3])], 1, activation="relu")
+        _testing.run_sparse_op("ffn_rows", [w, w, w, f32(np.ones(64)), i32([3])], 1, activation="relu")
 
 
 def test_unknown_device_names_the_devices():
     with pytest.raises(ValueError, match="no device NPU7 in this build .devices: CPU"):
-        _native.run_sparse_op("select", [f32(np.ones(4))], 1, 1, 1, device="NPU7")
+        _testing.run_sparse_op("select", [f32(np.ones(4))], 1, 1, 1, device="NPU7")
 
 
 def test_every_cpu_has_the_fused_loops():
     """The float, 4/8-bit and K-quant types (Q4_K_M and Q5_K_M files) take the fused row loops on
     every architecture (x86 with or without F16C, ARM); a build where one falls back to the per-row
     conversion fails here."""
-    fused = {name.upper() for name in _native.sparse_fused_types()}
+    fused = {name.upper() for name in _testing.sparse_fused_types()}
     assert {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"} <= fused, fused

@@ -1,4 +1,4 @@
-// Runs the fused block loops (cpp/block_loops.h) as built for one CPU level, for
+// Runs the fused block loops (cpp/ggml/cpu/block_loops.h) as built for one CPU level, for
 // tests/test_block_loops.py:  block_loops_check TYPE N_ROWS N_COLS ROW_BYTES < rows v x
 // stdin: N_ROWS rows of ROW_BYTES, then N_ROWS floats v and N_COLS floats x (native order).
 // stdout: every row as floats (N_ROWS x N_COLS), x + sum_k v[k] row k (N_COLS), row k . x (N_ROWS),

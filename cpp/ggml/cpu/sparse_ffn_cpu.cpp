@@ -1466,6 +1466,17 @@ size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks) {
     }
 }
 
+bool ggml_si_mul_rows_beats_mul_mat(const struct ggml_tensor * w, const struct ggml_tensor * x) {
+    if (x->ne[1] == 1) return one_token_dot_path(w->type, x->ne[0]) == DotPath::int_rows;
+#if defined(SI_AMX_BF16)
+    if (use_amx_bf16_rows(w, x)) return true;
+#endif
+#if defined(SI_REPACKED_GEMM)
+    if (has_repacked_gemm(w, x)) return true;
+#endif
+    return false;
+}
+
 void ggml_si_compute_forward_mul_rows(const struct ggml_compute_params * params, struct ggml_tensor * dst) {
     const ggml_tensor * w = dst->src[0];
     const ggml_tensor * x = dst->src[1];

@@ -470,27 +470,15 @@ ggml_tensor * SiFfnWeights::gated(ggml_context * ctx, ggml_tensor * gate_out, gg
 
 namespace {
 
-// Whether the CPU backend was built with a feature (the features ggml reports for it): the CPU
-// kernel of ggml_si_mul_rows has its bf16 tiles with AMX and AVX512-BF16, its repacked GEMM with
-// AVX2, its integer dots with AVX2 and F16C.
-bool cpu_backend_has(const char * feature) {
-    ggml_backend_reg_t cpu = ggml_backend_reg_by_name("CPU");
-    auto features = cpu ? (ggml_backend_get_features_t) ggml_backend_reg_get_proc_address(cpu, "ggml_backend_get_features")
-                        : nullptr;
-    for (ggml_backend_feature * f = features ? features(cpu) : nullptr; f && f->name; ++f) {
-        if (std::strcmp(f->name, feature) == 0) return std::strcmp(f->value, "1") == 0;
-    }
-    return false;
-}
-
-// Whether ggml_si_mul_rows's CPU kernel beats upstream's plain-buffer mul_mat over every row of w:
-// for a prompt, on AMX bf16 tiles (rows of whole 32-value steps) or upstream's repacked GEMM,
-// repacking as it goes; for one token, eight rows at a time in integers.
-bool own_cpu_kernel(const ggml_tensor * w, const ggml_tensor * x) {
-    if (x->ne[1] == 1) return ggml_si_has_int_dots(w->type) && cpu_backend_has("AVX2") && cpu_backend_has("F16C");
-    const bool bf16_tiles = ggml_si_has_bf16_tiles(w->type) && w->ne[0] % 32 == 0 && cpu_backend_has("AMX_INT8") &&
-                            cpu_backend_has("AVX512_BF16");
-    return bf16_tiles || (ggml_si_has_repacked_gemm(w->type) && cpu_backend_has("AVX2"));
+// Whether the CPU backend's own kernel of ggml_si_mul_rows beats upstream's plain-buffer mul_mat
+// over every row of w (the backend's answer: its dispatch decides).
+bool mul_rows_beats_mul_mat(const ggml_tensor * w, const ggml_tensor * x) {
+    static const auto beats = [] {
+        ggml_backend_reg_t cpu = ggml_backend_reg_by_name("CPU");
+        return cpu ? (ggml_si_mul_rows_beats_mul_mat_t) ggml_backend_reg_get_proc_address(cpu, GGML_SI_MUL_ROWS_BEATS_MUL_MAT)
+                   : nullptr;
+    }();
+    return beats && beats(w, x);
 }
 
 // No GPU: every node of a graph runs on the CPU (with one, llama.cpp's scheduler may place a
@@ -511,7 +499,7 @@ bool on_cpu_only(const ggml_tensor * w) {
 ggml_tensor * gathered_product(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
     // every gathered row on the CPU by our kernel where it is the faster; with a GPU present
     // upstream may offload a big batch's mul_mat, so it stays
-    return on_cpu_only(w) && own_cpu_kernel(w, x) ? ggml_si_mul_rows(ctx, w, x, nullptr, 0) : ggml_mul_mat(ctx, w, x);
+    return on_cpu_only(w) && mul_rows_beats_mul_mat(w, x) ? ggml_si_mul_rows(ctx, w, x, nullptr, 0) : ggml_mul_mat(ctx, w, x);
 }
 
 LoadedFfn build_loaded_ffn(ggml_context * ctx, const SiFfnWeights & w, ggml_tensor * x) {

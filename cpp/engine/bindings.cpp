@@ -1,11 +1,8 @@
 // selectinfer._native: a thin binding of engine.h. The Python API (python/selectinfer/model.py)
 // builds the user-facing Model on top of it.
-#include "compensation.h"
 #include "engine.h"
 #include "gguf_meta.h"
-#include "op_runner.h"
 #include "quant_rows.h"
-#include "sparse_ffn_ops.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -60,7 +57,6 @@ PYBIND11_MODULE(_native, m) {
         init_backends();  // a build that loads its CPU backend at run time has none before
         return std::string(llama_print_system_info());
     });
-    m.def("process_rss_bytes", &process_rss_bytes);
     m.def("extra_buffer_types", &cpu_extra_buffer_types);
     m.def("compute_devices", [] {
         py::list out;
@@ -71,15 +67,6 @@ PYBIND11_MODULE(_native, m) {
         }
         return out;
     }, "The compute devices of this build (ggml's backends), CPU included: name, description, type, memory.");
-    m.def("sparse_fused_types", [] {
-        std::vector<std::string> names;
-        for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
-            if (ggml_get_type_traits((ggml_type) t)->blck_size > 0 && ggml_si_has_fused_loop((ggml_type) t)) {
-                names.emplace_back(ggml_type_name((ggml_type) t));
-            }
-        }
-        return names;
-    }, "weight types with a fused loop in the sparse row ops on this build");
     m.def("quantize_type_names", &quantize_type_names);
     m.def("quantize_model", &quantize_model, py::arg("input_path"), py::arg("output_path"), py::arg("type_name"),
           py::arg("n_threads") = 0, py::call_guard<py::gil_scoped_release>());
@@ -98,28 +85,6 @@ PYBIND11_MODULE(_native, m) {
           },
           py::arg("src"), py::arg("out"), py::arg("remove"), py::arg("set"), py::arg("tensors"),
           "writes a GGUF header: the keys of src (minus remove, plus set) and the tensor infos; returns offsets");
-    m.def("run_sparse_op",
-          [](const std::string & op, const std::vector<std::tuple<int, std::vector<int64_t>, py::bytes>> & inputs,
-             int n_threads, int n_static, int n_dynamic, float alpha, bool by_magnitude, int first_id, int score,
-             const std::string & device, const std::string & activation) {
-              std::vector<OpInput> ins;
-              for (const auto & [type, ne, data] : inputs) ins.push_back({type, ne, std::string(data)});
-              std::string out;
-              {
-                  py::gil_scoped_release release;
-                  out = run_sparse_op(op, ins, n_threads, n_static, n_dynamic, alpha, by_magnitude, first_id, score, device,
-                                      activation);
-              }
-              return py::bytes(out);
-          },
-          py::arg("op"), py::arg("inputs"), py::arg("n_threads") = 1, py::arg("n_static") = 0,
-          py::arg("n_dynamic") = 0, py::arg("alpha") = 0.0f, py::arg("by_magnitude") = false, py::arg("first_id") = 0,
-          py::arg("score") = 0, py::arg("device") = "CPU", py::arg("activation") = "silu",
-          "runs one sparse FFN op on a device, CPU or e.g. CUDA0 (inputs: (ggml type, ne, raw bytes)); returns raw output");
-    m.def("time_ffn_layer", &time_ffn_layer, py::arg("type"), py::arg("n_embd"), py::arg("n_ff"), py::arg("n_load"),
-          py::arg("n_static"), py::arg("n_select"), py::arg("n_tokens"), py::arg("n_threads"), py::arg("n_reps"),
-          py::call_guard<py::gil_scoped_release>(),
-          "times one FFN layer's steps with random weights: [(step, [ms per run])] (op_runner.h)");
     m.def("row_bytes", &row_bytes, py::arg("type"), py::arg("n_per_row"));
     m.def("block_size", &block_size, py::arg("type"));
     m.def("quantize_rows",
@@ -190,19 +155,6 @@ PYBIND11_MODULE(_native, m) {
         "the neurons each SelectInfer layer computes at decode (layer_budgets.h): layers are (n_load, n_min, "
         "neuron_bytes, shares) tuples");
 
-    m.def(
-        "dropped_means",
-        [](const std::vector<float> & gate_rms, const std::vector<float> & up_slope, int64_t n_kept,
-           const std::string & activation, const std::vector<float> & gate_mean, const std::vector<float> & up_mean,
-           const std::vector<float> & up_rms) {
-            if (activation != "silu" && activation != "gelu") throw py::value_error("activation must be silu or gelu");
-            return dropped_means({gate_rms, up_slope, gate_mean, up_mean, up_rms}, n_kept,
-                                 activation == "gelu" ? GatedActivation::gelu : GatedActivation::silu);
-        },
-        py::arg("gate_rms"), py::arg("up_slope"), py::arg("n_kept"), py::arg("activation"),
-        py::arg("gate_mean") = std::vector<float>{}, py::arg("up_mean") = std::vector<float>{},
-        py::arg("up_rms") = std::vector<float>{},
-        "each neuron's expected activation when a step that keeps n_kept of them drops it (compensation.h)");
 
     py::class_<SelectionOverrides>(m, "SelectionOverrides")
         .def(py::init<>())
@@ -243,7 +195,6 @@ PYBIND11_MODULE(_native, m) {
         .def_readwrite("top_k", &SamplingParams::top_k)
         .def_readwrite("top_p", &SamplingParams::top_p)
         .def_readwrite("seed", &SamplingParams::seed);
-    m.def("validate_sampling", &validate);
     m.attr("RANDOM_SEED") = kRandomSeed;
 
     py::class_<Stats>(m, "Stats")

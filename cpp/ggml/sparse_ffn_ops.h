@@ -109,6 +109,14 @@ GGML_API bool ggml_si_has_int_dots(enum ggml_type type);
 // activations to 8 bits or to bf16 (F32 and F16 keep exact F32 products). ggml_si_mul_rows takes
 // them for rows of whole 32-value steps, faster than upstream's plain-buffer mul_mat.
 GGML_API bool ggml_si_has_bf16_tiles(enum ggml_type type);
+// Whether the CPU backend's ggml_si_mul_rows(w, x) over every row of w runs a kernel of its own
+// (AMX bf16 tiles, the repacked GEMM, integer dots for one token) that beats upstream's mul_mat
+// there, as its dispatch decides it (AMX permission included). A graph builder asks the CPU
+// backend for it by name (ggml_backend_reg_get_proc_address), which works where the backend is a
+// module loaded at run time.
+#define GGML_SI_MUL_ROWS_BEATS_MUL_MAT "ggml_si_mul_rows_beats_mul_mat"
+typedef bool (*ggml_si_mul_rows_beats_mul_mat_t)(const struct ggml_tensor * w, const struct ggml_tensor * x);
+bool ggml_si_mul_rows_beats_mul_mat(const struct ggml_tensor * w, const struct ggml_tensor * x);
 // Work-buffer bytes an op needs with n_tasks threads (ggml_graph_plan).
 size_t ggml_si_work_size(const struct ggml_tensor * node, int n_tasks);
 
