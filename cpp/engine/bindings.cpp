@@ -115,6 +115,21 @@ PYBIND11_MODULE(_native, m) {
           },
           py::arg("type"), py::arg("rows"), py::arg("n_per_row"));
 
+    // The SelectInfer GGUF's keys, version, defaults and architectures (si_format.h): the
+    // converter, bench, eval and the tests take them from here.
+    py::dict keys;
+    for (const FormatKey & k : kFormatKeys) {
+        keys[py::str(k.id)] = py::dict(py::arg("name") = k.name, py::arg("type") = key_type_name(k.type),
+                                       py::arg("per_layer") = k.per_layer, py::arg("required") = k.required,
+                                       py::arg("meaning") = k.meaning);
+    }
+    py::list architectures;
+    for (const char * a : kArchitectures) architectures.append(a);
+    m.attr("FORMAT") = py::dict(py::arg("version") = kFormatVersion, py::arg("keys") = keys,
+                                py::arg("compute_ratio") = kDefaultComputeRatio,
+                                py::arg("token_ratio") = kDefaultTokenRatio,
+                                py::arg("architectures") = py::tuple(architectures));
+
     py::class_<ModelParams>(m, "ModelParams")
         .def(py::init<>())
         .def_readwrite("path", &ModelParams::path)

@@ -49,11 +49,6 @@ bool repacked_on_cpu(const ggml_tensor * w) {
     return device && ggml_backend_dev_type(device) == GGML_BACKEND_DEVICE_TYPE_CPU;
 }
 
-// phi and alpha when neither the file nor anyone else says: the authors' reference values,
-// phi 0.4 within [delta, gamma] and alpha 0.2
-constexpr float kDefaultComputeRatio = 0.4f;
-constexpr float kDefaultTokenRatio = 0.2f;
-
 }  // namespace
 
 const char * const kStrategyNames = "frequency, sum-magnitude, fixed, gate-guided or predicted";
@@ -159,8 +154,8 @@ std::unique_ptr<NeuronSelection> NeuronSelection::for_model(const llama_model * 
 NeuronSelection::NeuronSelection(const llama_model * model, const SiModelInfo & info) : model_(model), info_(info) {
     file_config_.compute_ratio = info.compute_ratio >= 0
                                      ? info.compute_ratio
-                                     : std::min(info.load_ratio, std::max(info.static_ratio, kDefaultComputeRatio));
-    file_config_.token_ratio = info.token_ratio > 0 ? info.token_ratio : kDefaultTokenRatio;
+                                     : std::min(info.load_ratio, std::max(info.static_ratio, (float) kDefaultComputeRatio));
+    file_config_.token_ratio = info.token_ratio > 0 ? info.token_ratio : (float) kDefaultTokenRatio;
     if (info.strategy) file_config_.strategy = *info.strategy;
     file_config_.compensate = !info.gate_stats.empty();
     layer_index_.assign(model->layers.size(), -1);

@@ -16,24 +16,24 @@ namespace selectinfer {
 
 namespace {
 
-// The keys, as python/selectinfer/convert.py writes them.
-constexpr const char * kVersion      = "selectinfer.format_version";
-constexpr const char * kOriginalN    = "selectinfer.original_feed_forward_length";
-constexpr const char * kLoadRatio    = "selectinfer.load_ratio";
-constexpr const char * kStaticRatio  = "selectinfer.static_ratio";
-constexpr const char * kComputeRatio = "selectinfer.compute_ratio";
-constexpr const char * kTokenRatio   = "selectinfer.token_ratio";
-constexpr const char * kStrategy     = "selectinfer.strategy";
-constexpr const char * kStaticCount  = "selectinfer.static_count";
-constexpr const char * kLayers       = "selectinfer.layers";
-constexpr const char * kStaticCounts = "selectinfer.static_counts";
-constexpr const char * kNeuronIds    = "selectinfer.neuron_ids.";  // + layer
-constexpr const char * kNeuronShares = "selectinfer.neuron_shares.";  // + layer; optional (profile-ranked files)
-constexpr const char * kGateRms      = "selectinfer.gate_rms.";   // + layer; optional (profiles with input moments)
-constexpr const char * kUpSlope      = "selectinfer.up_slope.";   // + layer; with gate_rms
-constexpr const char * kGateMean     = "selectinfer.gate_mean.";  // + layer; optional, with gate_rms (profiles with input means)
-constexpr const char * kUpMean       = "selectinfer.up_mean.";    // + layer; with gate_mean
-constexpr const char * kUpRms        = "selectinfer.up_rms.";     // + layer; optional, with gate_rms
+// The keys (si_format.h).
+constexpr const char * kVersion      = key::format_version.name;
+constexpr const char * kOriginalN    = key::original_n.name;
+constexpr const char * kLoadRatio    = key::load_ratio.name;
+constexpr const char * kStaticRatio  = key::static_ratio.name;
+constexpr const char * kComputeRatio = key::compute_ratio.name;
+constexpr const char * kTokenRatio   = key::token_ratio.name;
+constexpr const char * kStrategy     = key::strategy.name;
+constexpr const char * kStaticCount  = key::static_count.name;
+constexpr const char * kLayers       = key::layers.name;
+constexpr const char * kStaticCounts = key::static_counts.name;
+constexpr const char * kNeuronIds    = key::neuron_ids.name;     // + layer
+constexpr const char * kNeuronShares = key::neuron_shares.name;  // + layer; optional (profile-ranked files)
+constexpr const char * kGateRms      = key::gate_rms.name;       // + layer; optional (profiles with input moments)
+constexpr const char * kUpSlope      = key::up_slope.name;       // + layer; with gate_rms
+constexpr const char * kGateMean     = key::gate_mean.name;      // + layer; optional, with gate_rms
+constexpr const char * kUpMean       = key::up_mean.name;        // + layer; with gate_mean
+constexpr const char * kUpRms        = key::up_rms.name;         // + layer; optional, with gate_rms
 
 [[noreturn]] void refuse(const std::string & what) {
     throw std::runtime_error("invalid SelectInfer GGUF: " + what + "; convert the model again with `selectinfer convert`");

@@ -1,13 +1,14 @@
 // The SelectInfer GGUF as the engine reads it (step 2 of the method, selective loading): the
-// `selectinfer.*` keys, read once when llama.cpp has loaded the model and checked against its
-// tensors, so that nothing later trusts an unchecked value from the file. The writer is
-// python/selectinfer/convert.py; the two agree on the key names and on SI_FORMAT_VERSION.
+// `selectinfer.*` keys (si_format.h), read once when llama.cpp has loaded the model and checked
+// against its tensors, so that nothing later trusts an unchecked value from the file. The writer
+// is the converter (python/selectinfer/method/convert.py), which takes the keys from the same table.
 //
 // A file is untrusted input: every problem is a std::runtime_error naming the key (and layer)
 // and what to do, which llama.cpp's loader reports as a failed load.
 #pragma once
 
 #include "selection_strategy.h"
+#include "si_format.h"
 
 #include <cstdint>
 #include <map>
@@ -22,8 +23,6 @@ struct llama_model_base;
 struct llama_model_loader;
 
 namespace selectinfer {
-
-constexpr uint32_t kFormatVersion = 2;  // selectinfer.format_version this build reads
 
 // The gated activation of an architecture's FFN: act(gate) * up.
 enum class GatedActivation { silu, gelu };
