@@ -93,6 +93,26 @@ def test_cli_help(cli):
         assert flag in proc.stdout
 
 
+def test_every_selection_setting_reaches_python_the_cli_and_the_environment(cli):
+    """One table defines the selection settings (selection_settings.h): each is a Model keyword and
+    a selectinfer-cli flag (a switch also as --no-...), under its own environment variable."""
+    import inspect
+
+    from selectinfer import _native
+
+    keywords = inspect.signature(Model).parameters
+    help_text = cli("--help").stdout
+    names = [s["name"] for s in _native.SELECTION_SETTINGS]
+    assert names == ["strategy", "compute_ratio", "layer_budgets", "token_ratio", "select_by", "dense", "coreinfer",
+                     "compensate"]
+    for setting in _native.SELECTION_SETTINGS:
+        assert setting["name"] in keywords, setting
+        assert setting["environment"] == "SELECTINFER_" + setting["name"].upper(), setting
+        assert re.search(rf"^\s+{re.escape(setting['flag'])}[ ,]", help_text, re.M), setting
+        sel = _native.SelectionOverrides()
+        assert getattr(sel, setting["name"]) is None
+
+
 def test_selectinfer_entry_point_lists_models(selectinfer_cmd):
     proc = selectinfer_cmd("models")
     assert proc.returncode == 0

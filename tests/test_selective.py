@@ -661,9 +661,10 @@ def test_explicit_settings_override_the_environment(si_model, monkeypatch):
 @pytest.mark.parametrize("name,value,match", [
     ("SELECTINFER_SELECT_BY", "size", "SELECTINFER_SELECT_BY='size': use value or magnitude"),
     ("SELECTINFER_STRATEGY", "best", "SELECTINFER_STRATEGY='best': use frequency, sum-magnitude, fixed, gate-guided or predicted"),
-    ("SELECTINFER_COMPUTE_RATIO", "0.4x", "SELECTINFER_COMPUTE_RATIO='0.4x' is not a number"),
-    ("SELECTINFER_TOKEN_RATIO", "nan", "SELECTINFER_TOKEN_RATIO='nan' is not a number"),
+    ("SELECTINFER_COMPUTE_RATIO", "0.4x", "SELECTINFER_COMPUTE_RATIO='0.4x': use a number"),
+    ("SELECTINFER_TOKEN_RATIO", "nan", "SELECTINFER_TOKEN_RATIO='nan': use a number"),
     ("SELECTINFER_LAYER_BUDGETS", "even", "SELECTINFER_LAYER_BUDGETS='even': use uniform or profile"),
+    ("SELECTINFER_DENSE", "yes", "SELECTINFER_DENSE='yes': use 0 or 1"),
     ("SELECTINFER_COMPUTE_RATIO", "0.9", r"compute ratio \(phi\) 0.9 must lie between"),
     ("SELECTINFER_COMPENSATE", "1", "dropped-neuron compensation needs the gate statistics"),
 ])
@@ -681,7 +682,7 @@ def test_bad_environment_knobs(si_model, monkeypatch, name, value, match):
     ({"select_by": "size"}, "select_by must be"),
     ({"strategy": "best"}, "strategy must be frequency, sum-magnitude, fixed, gate-guided or predicted, got 'best'"),
     ({"strategy": "fixed", "select_by": "magnitude"}, "the fixed strategy does not rank tokens"),
-    ({"layer_budgets": "even"}, "layer budgets must be uniform or profile, got 'even'"),
+    ({"layer_budgets": "even"}, "layer_budgets must be uniform or profile, got 'even'"),
     ({"compensate": True}, "dropped-neuron compensation needs the gate statistics .* --input-moments"),
 ])
 def test_bad_knobs(si_model, kwargs, match):

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace py = pybind11;
 using namespace selectinfer;
@@ -36,6 +37,33 @@ py::dict header_dict(const GgufHeader & h) {
     out["data_offset"] = h.data_offset;
     out["alignment"] = h.alignment;
     return out;
+}
+
+// A selection setting's value in Python: enums by name, numbers and booleans as they are.
+template <typename T> py::object setting_to_python(T value) {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bool>) {
+        return py::cast(value);
+    } else {
+        return py::str(setting_text(value));
+    }
+}
+
+// A selection setting from Python (None: unset); ValueError naming the keyword and its values.
+template <typename T> std::optional<T> setting_from_python(const py::object & v, const char * keyword) {
+    if (v.is_none()) return std::nullopt;
+    T value{};
+    if constexpr (std::is_same_v<T, float>) {
+        value = v.cast<float>();
+        if (!std::isfinite(value)) throw py::value_error(std::string(keyword) + " must be a number, got " + py::repr(v).cast<std::string>());
+    } else if constexpr (std::is_same_v<T, bool>) {
+        value = v.cast<bool>();
+    } else {
+        if (!py::isinstance<py::str>(v) || !parse_setting(v.cast<std::string>(), value)) {
+            throw py::value_error(std::string(keyword) + " must be " + setting_values(T{}) + ", got " +
+                                  py::repr(v).cast<std::string>());
+        }
+    }
+    return value;
 }
 
 py::array_t<float> to_array(std::vector<float> && values, std::vector<py::ssize_t> shape) {
@@ -171,38 +199,19 @@ PYBIND11_MODULE(_native, m) {
         "neuron_bytes, shares) tuples");
 
 
-    py::class_<SelectionOverrides>(m, "SelectionOverrides")
-        .def(py::init<>())
-        .def_property(
-            "strategy",
-            [](const SelectionOverrides & o) -> std::optional<std::string> {
-                if (!o.strategy) return std::nullopt;
-                return std::string(strategy_name(*o.strategy));
-            },
-            [](SelectionOverrides & o, const std::optional<std::string> & name) {
-                o.strategy = name ? strategy_named(*name) : std::nullopt;
-                if (name && !o.strategy) {
-                    throw py::value_error("strategy must be " + std::string(kStrategyNames) + ", got '" + *name + "'");
-                }
-            })
-        .def_readwrite("compute_ratio", &SelectionOverrides::compute_ratio)
-        .def_property(
-            "layer_budgets",
-            [](const SelectionOverrides & o) -> std::optional<std::string> {
-                if (!o.layer_budgets) return std::nullopt;
-                return std::string(layer_budgets_name(*o.layer_budgets));
-            },
-            [](SelectionOverrides & o, const std::optional<std::string> & name) {
-                o.layer_budgets = name ? layer_budgets_named(*name) : std::nullopt;
-                if (name && !o.layer_budgets) {
-                    throw py::value_error("layer budgets must be " + std::string(kLayerBudgetNames) + ", got '" + *name + "'");
-                }
-            })
-        .def_readwrite("token_ratio", &SelectionOverrides::token_ratio)
-        .def_readwrite("by_magnitude", &SelectionOverrides::by_magnitude)
-        .def_readwrite("dense", &SelectionOverrides::dense)
-        .def_readwrite("coreinfer", &SelectionOverrides::coreinfer)
-        .def_readwrite("compensate", &SelectionOverrides::compensate);
+    // Model's keywords for selective computation, one per setting of the table (selection_settings.h):
+    // enums by name, ratios as numbers, switches as booleans; None leaves a setting unset.
+    auto overrides = py::class_<SelectionOverrides>(m, "SelectionOverrides").def(py::init<>());
+    py::list settings;
+#define SI_PROPERTY(name, type, def, env, flag, help)                                                     \
+    overrides.def_property(                                                                             \
+        #name, [](const SelectionOverrides & o) { return o.name ? setting_to_python(*o.name) : py::none(); }, \
+        [](SelectionOverrides & o, const py::object & v) { o.name = setting_from_python<type>(v, #name); });  \
+    settings.append(py::dict(py::arg("name") = #name, py::arg("environment") = env, py::arg("flag") = flag, \
+                             py::arg("help") = help, py::arg("values") = setting_values(type{})));
+    SELECTINFER_SELECTION_SETTINGS(SI_PROPERTY)
+#undef SI_PROPERTY
+    m.attr("SELECTION_SETTINGS") = py::tuple(settings);
 
     py::class_<SamplingParams>(m, "SamplingParams")
         .def(py::init<>())
@@ -278,16 +287,11 @@ PYBIND11_MODULE(_native, m) {
         .def("selected_neurons", &Engine::selected_neurons)
         .def("computed_counts", &Engine::computed_counts)
         .def("selection_config", [](const Engine & e) {
-            SelectionConfig c = e.selection_config();
+            const SelectionConfig c = e.selection_config();
             py::dict d;
-            d["strategy"] = strategy_name(c.strategy);
-            d["compute_ratio"] = c.compute_ratio;
-            d["layer_budgets"] = layer_budgets_name(c.layer_budgets);
-            d["token_ratio"] = c.token_ratio;
-            d["select_by"] = c.by_magnitude ? "magnitude" : "value";
-            d["dense"] = c.dense;
-            d["coreinfer"] = c.coreinfer;
-            d["compensate"] = c.compensate;
+#define SI_ITEM(name, type, def, env, flag, help) d[#name] = setting_to_python(c.name);
+            SELECTINFER_SELECTION_SETTINGS(SI_ITEM)
+#undef SI_ITEM
             return d;
         })
         .def("activation_sums",

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace selectinfer;
@@ -28,7 +29,7 @@ struct CliArgs {
     bool           show_help    = false;
 };
 
-const char * kUsage =
+const char * kUsageHead =
     "usage: selectinfer-cli -m MODEL.gguf [-p PROMPT | -f FILE] [options]\n"
     "\n"
     "  -m,   --model PATH          GGUF model file (required)\n"
@@ -46,19 +47,8 @@ const char * kUsage =
     "  -cnv, --conversation        chat mode: read user turns from stdin, one per line\n"
     "  -sys, --system-prompt TEXT  system message in chat mode\n"
     "  -fa,  --flash-attn on|off|auto  flash attention (default auto)\n"
-    "        --compute-ratio PHI   SelectInfer: neurons computed per layer at decode, of the original N\n"
-    "        --layer-budgets uniform|profile  SelectInfer: phi N neurons in every layer (default), or the\n"
-    "                              same bytes shared out by the file's profile (more where its mass is spread)\n"
-    "        --token-ratio ALPHA   SelectInfer: per-token top-k fraction for the selection (0, 1]\n"
-    "        --strategy NAME       SelectInfer: how decode's neurons are chosen: frequency (default) or\n"
-    "                              sum-magnitude by the prompt, fixed (the best-ranked loaded ones), or\n"
-    "                              gate-guided (each step: gate over the loaded ones, up and down for the best)\n"
-    "                              or predicted (each step: the file's gate predictor picks; convert --predictor-rank)\n"
-    "        --select-by value|magnitude  SelectInfer, frequency: rank a token's neurons by a or |a|\n"
-    "        --dense-ffn           SelectInfer: compute every loaded neuron (no selection)\n"
-    "        --coreinfer           SelectInfer: CoreInfer mode, no static neurons (use a gamma 1, delta 0 file)\n"
-    "        --compensate, --no-compensate  SelectInfer, gate-guided and predicted: add the dropped neurons'\n"
-    "                              expected output, or not (default: on in files with gate statistics)\n"
+    ;  // then the selection settings' flags (selection_settings.h), then:
+const char * kUsageTail =
     "        --no-mmap             read the weights into memory instead of mapping the file\n"
     "        --repack, --no-repack let ggml repack weights for its faster kernels (AMX, CPU_REPACK), or not\n"
     "  -v,   --verbose             show llama.cpp's log\n"
@@ -67,6 +57,50 @@ const char * kUsage =
 [[noreturn]] void usage_error(const std::string & msg) {
     std::fprintf(stderr, "selectinfer-cli: error: %s (see --help)\n", msg.c_str());
     std::exit(2);
+}
+
+// Each selection setting's flag, from the table: a value, or for a switch the flag and --no-<flag>.
+template <typename T> std::string selection_flag_usage(const char * flag, const char * help) {
+    std::string line = "        " + std::string(flag);
+    if constexpr (std::is_same_v<T, bool>) {
+        line += ", --no-" + std::string(flag + 2);
+    } else {
+        line += " " + setting_values(T{});
+    }
+    return line + "\n                              SelectInfer: " + help + "\n";
+}
+
+std::string usage() {
+    std::string selection;
+#define SI_USAGE(name, type, def, env, flag, help) selection += selection_flag_usage<type>(flag, help);
+    SELECTINFER_SELECTION_SETTINGS(SI_USAGE)
+#undef SI_USAGE
+    return kUsageHead + selection + kUsageTail;
+}
+
+// Sets the selection setting whose flag `a` is (its value the next argument, or for a switch
+// true, and false for --no-<flag>); false: not a selection flag.
+template <typename T, typename Value>
+bool parse_selection_flag(const std::string & a, const char * flag, int & i, Value & value, std::optional<T> & out) {
+    if constexpr (std::is_same_v<T, bool>) {
+        if (a == flag) out = true;
+        else if (a == "--no-" + std::string(flag + 2)) out = false;
+        else return false;
+    } else {
+        if (a != flag) return false;
+        const std::string v = value(i);
+        T parsed{};
+        if (!parse_setting(v, parsed)) usage_error("invalid value '" + v + "' for " + a + " (" + setting_values(T{}) + ")");
+        out = parsed;
+    }
+    return true;
+}
+
+template <typename Value> bool parse_selection_flag(const std::string & a, int & i, Value & value, SelectionOverrides & o) {
+#define SI_FLAG(name, type, def, env, flag, help) if (parse_selection_flag<type>(a, flag, i, value, o.name)) return true;
+    SELECTINFER_SELECTION_SETTINGS(SI_FLAG)
+#undef SI_FLAG
+    return false;
 }
 
 std::string read_file(const std::string & path) {
@@ -118,31 +152,7 @@ CliArgs parse_args(int argc, char ** argv) {
             else if (v == "auto") args.model.flash_attn = -1;
             else usage_error("invalid value '" + v + "' for " + a + " (on, off or auto)");
         }
-        else if (a == "--compute-ratio") args.model.selection.compute_ratio = parse_number<float>(a, value(i));
-        else if (a == "--token-ratio") args.model.selection.token_ratio = parse_number<float>(a, value(i));
-        else if (a == "--layer-budgets") {
-            const std::string v = value(i);
-            args.model.selection.layer_budgets = layer_budgets_named(v);
-            if (!args.model.selection.layer_budgets) {
-                usage_error("invalid value '" + v + "' for --layer-budgets (" + kLayerBudgetNames + ")");
-            }
-        }
-        else if (a == "--strategy") {
-            const std::string v = value(i);
-            args.model.selection.strategy = strategy_named(v);
-            if (!args.model.selection.strategy) {
-                usage_error("invalid value '" + v + "' for --strategy (" + kStrategyNames + ")");
-            }
-        }
-        else if (a == "--select-by") {
-            const std::string v = value(i);
-            if (v != "value" && v != "magnitude") usage_error("invalid value '" + v + "' for --select-by (value or magnitude)");
-            args.model.selection.by_magnitude = v == "magnitude";
-        }
-        else if (a == "--dense-ffn") args.model.selection.dense = true;
-        else if (a == "--coreinfer") args.model.selection.coreinfer = true;
-        else if (a == "--compensate") args.model.selection.compensate = true;
-        else if (a == "--no-compensate") args.model.selection.compensate = false;
+        else if (parse_selection_flag(a, i, value, args.model.selection)) {}
         else if (a == "--no-mmap") args.model.use_mmap = false;
         else if (a == "--repack") args.model.repack = true;
         else if (a == "-nr" || a == "--no-repack") args.model.repack = false;
@@ -218,7 +228,7 @@ void run_chat(Engine & engine, const CliArgs & args) {
 int main(int argc, char ** argv) {
     CliArgs args = parse_args(argc, argv);
     if (args.show_help) {
-        std::fputs(kUsage, stdout);
+        std::fputs(usage().c_str(), stdout);
         return 0;
     }
     try {

@@ -298,13 +298,9 @@ Engine::Engine(const ModelParams & params) : params_(params) {
     mp.load_mode = params_.use_mmap ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
     mp.use_extra_bufts = params_.repack;
     mp.n_gpu_layers = params_.n_gpu_layers;
+    mp.selectinfer = &params_.selection;  // over the environment's as the model loads (dense use)
     take_last_error();
-    {
-        // the caller's settings win over the environment's as the model loads (dense use) and as
-        // the context's hooks are created
-        const CallerSelection caller(params_.selection);
-        model_ = llama_model_load_from_file(params_.path.c_str(), mp);
-    }
+    model_ = llama_model_load_from_file(params_.path.c_str(), mp);
     if (!model_) {
         std::string why = take_last_error();
         // a SelectInfer refusal names its own fix; other failures get the usual suspects
@@ -323,16 +319,14 @@ Engine::Engine(const ModelParams & params) : params_(params) {
     cp.no_perf         = true;
     cp.flash_attn_type = params_.flash_attn < 0 ? LLAMA_FLASH_ATTN_TYPE_AUTO
                        : params_.flash_attn == 0 ? LLAMA_FLASH_ATTN_TYPE_DISABLED : LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    cp.selectinfer     = &params_.selection;  // over the environment's as the context's hooks are created
     try {
         check_selection();
     } catch (...) {
         release();
         throw;
     }
-    {
-        const CallerSelection caller(params_.selection);
-        ctx_ = llama_init_from_model(model_, cp);
-    }
+    ctx_ = llama_init_from_model(model_, cp);
     if (!ctx_) {
         std::string why = take_last_error();
         llama_model_free(model_);

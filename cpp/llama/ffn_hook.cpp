@@ -35,8 +35,8 @@ bool selectinfer_graph_reusable(void * hooks) {
     return !h->selection || h->selection->graph_reusable();
 }
 
-void * selectinfer_context_create(const llama_model * model, uint32_t n_seq_max) {
-    auto hooks = std::make_unique<ContextHooks>(model);
+void * selectinfer_context_create(const llama_model * model, uint32_t n_seq_max, const void * selection) {
+    auto hooks = std::make_unique<ContextHooks>(model, static_cast<const selectinfer::SelectionOverrides *>(selection));
     if (hooks->selection && n_seq_max > 1) {
         throw std::invalid_argument(
             "a SelectInfer model keeps one neuron selection per context, so it serves one sequence: got n_seq_max " +
@@ -73,7 +73,9 @@ void selectinfer_split_static_rows(llama_model_loader & loader) {
 }
 
 bool selectinfer_create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff) {
-    const selectinfer::GatheredLoad load = selectinfer::NeuronSelection::gathered_load(selectinfer::file_strategy(*model.ml));
+    const auto * caller = static_cast<const selectinfer::SelectionOverrides *>(model.params.selectinfer);
+    const selectinfer::GatheredLoad load =
+        selectinfer::NeuronSelection::gathered_load(caller, selectinfer::file_strategy(*model.ml));
     return selectinfer::create_ffn_tensors(model, layer, il, n_embd, n_ff, load);
 }
 
@@ -92,7 +94,8 @@ void selectinfer_context_free(void * hooks) {
 
 namespace selectinfer {
 
-ContextHooks::ContextHooks(const llama_model * model) : model(model), selection(NeuronSelection::for_model(model)) {}
+ContextHooks::ContextHooks(const llama_model * model, const SelectionOverrides * caller)
+    : model(model), selection(NeuronSelection::for_model(model, caller)) {}
 ContextHooks::~ContextHooks() = default;
 
 ContextHooks & context_hooks(llama_context * ctx) {

@@ -35,9 +35,10 @@ ggml_tensor * selectinfer_ffn_hook(void * hooks, ggml_context * ctx, ggml_cgraph
 // selection phase changed since it was built (neuron_selection.h).
 bool selectinfer_graph_reusable(void * hooks);
 
-// Creates a context's hooks; throws std::invalid_argument (the context is not created) for bad
-// SELECTINFER_* environment knobs or when a SelectInfer model is given more than one sequence.
-void * selectinfer_context_create(const llama_model * model, uint32_t n_seq_max);
+// Creates a context's hooks with the caller's selection settings (llama_context_params::selectinfer,
+// a SelectionOverrides, or null); throws std::invalid_argument (the context is not created) for
+// bad SELECTINFER_* environment knobs or when a SelectInfer model is given more than one sequence.
+void * selectinfer_context_create(const llama_model * model, uint32_t n_seq_max, const void * selection);
 void   selectinfer_context_free(void * hooks);
 
 // Whether llama_set_adapters_lora may set these adapters: not when one changes a SelectInfer
@@ -73,10 +74,11 @@ namespace selectinfer {
 
 class ActivationStats;
 class NeuronSelection;
+struct SelectionOverrides;
 
 // What a context's graphs see through llama_cparams::selectinfer.
 struct ContextHooks {
-    explicit ContextHooks(const llama_model * model);
+    ContextHooks(const llama_model * model, const SelectionOverrides * caller);
     ~ContextHooks();
 
     const llama_model * model;

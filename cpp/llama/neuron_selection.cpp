@@ -24,23 +24,6 @@ namespace selectinfer {
 
 namespace {
 
-std::optional<float> env_float(const char * name) {
-    const char * v = std::getenv(name);
-    if (!v || !*v) return std::nullopt;
-    char * end = nullptr;
-    const float x = std::strtof(v, &end);
-    if (*end != '\0' || !std::isfinite(x)) {
-        throw std::invalid_argument(std::string(name) + "='" + v + "' is not a number");
-    }
-    return x;
-}
-
-std::optional<bool> env_flag(const char * name) {
-    const char * v = std::getenv(name);
-    if (!v || !*v) return std::nullopt;
-    return std::strcmp(v, "0") != 0;
-}
-
 // Whether w lies in one of the CPU backend's repacking buffers (AMX, CPU_REPACK): a layout only
 // upstream's matmul reads. (A GPU's buffers are not host memory either, but its kernels gather.)
 bool repacked_on_cpu(const ggml_tensor * w) {
@@ -71,61 +54,7 @@ std::optional<Strategy> strategy_named(const std::string & name) {
     return std::nullopt;
 }
 
-SelectionConfig SelectionOverrides::applied_to(SelectionConfig c) const {
-    if (strategy) c.strategy = *strategy;
-    if (compute_ratio) c.compute_ratio = *compute_ratio;
-    if (layer_budgets) c.layer_budgets = *layer_budgets;
-    if (token_ratio) c.token_ratio = *token_ratio;
-    if (by_magnitude) c.by_magnitude = *by_magnitude;
-    if (dense) c.dense = *dense;
-    if (coreinfer) c.coreinfer = *coreinfer;
-    if (compensate) c.compensate = *compensate;
-    return c;
-}
-
-SelectionOverrides SelectionOverrides::from_environment() {
-    SelectionOverrides o;
-    if (const char * name = std::getenv("SELECTINFER_STRATEGY"); name && *name) {
-        o.strategy = strategy_named(name);
-        if (!o.strategy) {
-            throw std::invalid_argument(std::string("SELECTINFER_STRATEGY='") + name + "': use " + kStrategyNames);
-        }
-    }
-    o.compute_ratio = env_float("SELECTINFER_COMPUTE_RATIO");
-    if (const char * name = std::getenv("SELECTINFER_LAYER_BUDGETS"); name && *name) {
-        o.layer_budgets = layer_budgets_named(name);
-        if (!o.layer_budgets) {
-            throw std::invalid_argument(std::string("SELECTINFER_LAYER_BUDGETS='") + name + "': use " + kLayerBudgetNames);
-        }
-    }
-    o.token_ratio = env_float("SELECTINFER_TOKEN_RATIO");
-    if (const char * by = std::getenv("SELECTINFER_SELECT_BY"); by && *by) {
-        if (std::strcmp(by, "value") != 0 && std::strcmp(by, "magnitude") != 0) {
-            throw std::invalid_argument(std::string("SELECTINFER_SELECT_BY='") + by + "': use value or magnitude");
-        }
-        o.by_magnitude = std::strcmp(by, "magnitude") == 0;
-    }
-    o.dense = env_flag("SELECTINFER_DENSE");
-    o.coreinfer = env_flag("SELECTINFER_COREINFER");
-    o.compensate = env_flag("SELECTINFER_COMPENSATE");
-    return o;
-}
-
-namespace {
-
-thread_local const SelectionOverrides * t_caller_selection = nullptr;
-
-}  // namespace
-
-CallerSelection::CallerSelection(const SelectionOverrides & overrides) : previous_(t_caller_selection) {
-    t_caller_selection = &overrides;
-}
-
-CallerSelection::~CallerSelection() {
-    t_caller_selection = previous_;
-}
-
-std::unique_ptr<NeuronSelection> NeuronSelection::for_model(const llama_model * model) {
+std::unique_ptr<NeuronSelection> NeuronSelection::for_model(const llama_model * model, const SelectionOverrides * caller) {
     const SiModelInfo * info = si_model_info(*model);
     if (!info) {
         return nullptr;
@@ -138,8 +67,8 @@ std::unique_ptr<NeuronSelection> NeuronSelection::for_model(const llama_model * 
         std::fprintf(stderr, "selectinfer: %s (from the SELECTINFER_* environment)\n", e.what());
         throw;
     }
-    if (t_caller_selection) {
-        s->configure(*t_caller_selection);  // checked by the caller first (check_settings)
+    if (caller) {
+        s->configure(*caller);  // checked by the caller first (check_settings)
     } else {
         try {
             s->apply(s->file_config_);
@@ -184,16 +113,17 @@ void NeuronSelection::configure(const SelectionOverrides & overrides) {
     apply(overrides.applied_to(file_config_));
 }
 
-GatheredLoad NeuronSelection::gathered_load(std::optional<Strategy> file_strategy) {
-    // only these variables, and a bad value taken as absent: every setting is checked, with its
-    // name, as the context is created
-    auto env = [](auto read) { try { return read(); } catch (const std::exception &) { return decltype(read()){}; } };
-    const SelectionOverrides * caller = t_caller_selection;
-    const std::optional<bool> dense = caller && caller->dense ? caller->dense : env([] { return env_flag("SELECTINFER_DENSE"); });
-    if (dense.value_or(false)) return GatheredLoad::dense;
-    std::optional<Strategy> strategy = caller ? caller->strategy : std::nullopt;
-    if (!strategy) strategy = env([] { return SelectionOverrides::from_environment().strategy; });
-    if (!strategy) strategy = file_strategy;
+GatheredLoad NeuronSelection::gathered_load(const SelectionOverrides * caller, std::optional<Strategy> file_strategy) {
+    // a bad SELECTINFER_* value is taken as absent here: every setting is checked, with its name,
+    // as the context is created
+    SelectionOverrides settings;
+    try {
+        settings = SelectionOverrides::from_environment();
+    } catch (const std::invalid_argument &) {
+    }
+    if (caller) settings = caller->over(settings);
+    if (settings.dense.value_or(false)) return GatheredLoad::dense;
+    const std::optional<Strategy> strategy = settings.strategy ? settings.strategy : file_strategy;
     return strategy == Strategy::gate_guided ? GatheredLoad::gate_whole : GatheredLoad::rows;
 }
 
@@ -253,7 +183,7 @@ void NeuronSelection::validate(const SelectionConfig & cfg) const {
             << " and the load ratio (gamma) " << info_.load_ratio;
         throw std::invalid_argument(msg.str());
     }
-    if (cfg.by_magnitude && cfg.strategy != Strategy::frequency) {
+    if (cfg.select_by == SelectBy::magnitude && cfg.strategy != Strategy::frequency) {
         throw std::invalid_argument(std::string("selecting by magnitude ranks each token's neurons for the frequency "
                                                 "strategy; the ") + strategy_name(cfg.strategy) +
                                     " strategy does not rank tokens: leave select-by at value");
@@ -614,7 +544,8 @@ SelectionNodes build_selection(ggml_context * ctx, ggml_tensor * act, ggml_tenso
         scores = ggml_reshape_1d(ctx, ggml_sum_rows(ctx, by_neuron), act->ne[0]);
         if (counts) scores = ggml_add(ctx, scores, counts);
     } else {
-        scores = ggml_si_count(ctx, act, act_rest, counts, config.token_ratio, config.by_magnitude);
+        scores = ggml_si_count(ctx, act, act_rest, counts, config.token_ratio,
+                               config.select_by == SelectBy::magnitude);
     }
     return {scores, ggml_si_select(ctx, scores, n_static, n_dynamic, GGML_SI_SCORE_VALUE, nullptr)};
 }

@@ -17,6 +17,7 @@
 
 #include "layer_budgets.h"
 #include "layer_tensors.h"
+#include "selection_settings.h"
 #include "selection_strategy.h"
 #include "si_gguf.h"
 
@@ -30,62 +31,6 @@ struct llama_model;
 namespace selectinfer {
 
 struct SiModelInfo;
-
-// How a SelectInfer model computes its FFN at decode (the file's defaults, then the
-// SELECTINFER_* environment, then the caller's SelectionOverrides).
-struct SelectionConfig {
-    Strategy strategy   = Strategy::frequency;
-    float compute_ratio = -1;    // phi, fraction of the original N computed per layer (uniform budgets),
-                                 // or on average over the layers at the same bytes (profile budgets)
-    LayerBudgets layer_budgets = LayerBudgets::uniform;  // how phi is shared out over the layers
-    float token_ratio   = -1;    // alpha, k = round(alpha * mean positive activations)
-    bool  by_magnitude  = false; // frequency: rank a token's neurons by |a| instead of a
-    bool  dense         = false; // compute every loaded neuron (no selection)
-    bool  coreinfer     = false; // CoreInfer: no static neurons, the prompt chooses all phi N (0 < phi <= gamma);
-                                 // the method itself with a gamma = 1, delta = 0 file
-    bool  compensate    = false; // gate_guided, predicted: add the dropped neurons' expected output
-                                 // (compensation.h); on by default in files with gate statistics
-};
-
-// Settings given explicitly; an unset one keeps the value it overrides. The environment is read
-// into one (from_environment) and a program's own (Model(...), selectinfer-cli) applies after it.
-struct SelectionOverrides {
-    std::optional<Strategy> strategy;
-    std::optional<float> compute_ratio;
-    std::optional<LayerBudgets> layer_budgets;
-    std::optional<float> token_ratio;
-    std::optional<bool>  by_magnitude;
-    std::optional<bool>  dense;
-    std::optional<bool>  coreinfer;
-    std::optional<bool>  compensate;
-
-    // Whether these ask for selective computation at all (settings that only restate the default do not).
-    bool ask_for_selection() const {
-        return (strategy && *strategy != Strategy::frequency) || compute_ratio || token_ratio ||
-               (layer_budgets && *layer_budgets != LayerBudgets::uniform) ||
-               by_magnitude.value_or(false) || dense.value_or(false) || coreinfer.value_or(false) ||
-               compensate.value_or(false);
-    }
-    SelectionConfig applied_to(SelectionConfig config) const;
-    // SELECTINFER_STRATEGY, _COMPUTE_RATIO, _LAYER_BUDGETS (uniform|profile), _TOKEN_RATIO,
-    // _SELECT_BY (value|magnitude), _DENSE, _COREINFER, _COMPENSATE (0|1);
-    // throws std::invalid_argument naming a malformed variable.
-    static SelectionOverrides from_environment();
-};
-
-// While alive, the models this thread loads (dense use) and the contexts it creates take
-// `overrides` over the file's and the environment's settings (the engine's caller's own), so that
-// a setting the caller replaces is never the one checked.
-class CallerSelection {
-public:
-    explicit CallerSelection(const SelectionOverrides & overrides);
-    ~CallerSelection();
-    CallerSelection(const CallerSelection &) = delete;
-    CallerSelection & operator=(const CallerSelection &) = delete;
-
-private:
-    const SelectionOverrides * previous_;
-};
 
 // A SelectInfer layer's FFN weights (si_gguf.h). Neurons 0..n_static-1 are static: their rows of
 // gate and up, and down_static [n_static, n_embd], go through upstream's matmul. The others are
@@ -168,22 +113,24 @@ SelectionNodes build_selection(ggml_context * ctx, ggml_tensor * act, ggml_tenso
 class NeuronSelection {
 public:
     // nullptr for a model without SelectInfer layers. Applies the SELECTINFER_* environment, so
-    // that any program using libllama (llama-bench, llama-perplexity, llama-server) can set them.
-    static std::unique_ptr<NeuronSelection> for_model(const llama_model * model);
+    // that any program using libllama (llama-bench, llama-perplexity, llama-server) can set them,
+    // then the caller's settings (null: none) over it.
+    static std::unique_ptr<NeuronSelection> for_model(const llama_model * model, const SelectionOverrides * caller);
 
     // Validates and applies a caller's settings over the file's and the environment's (call
     // before the first decode); throws std::invalid_argument naming the bad value.
     void configure(const SelectionOverrides & overrides);
     // Throws std::invalid_argument when the caller's settings over the file's and the
-    // environment's do not fit the model (what a context created under CallerSelection applies).
+    // environment's do not fit the model (what a context created with them applies).
     static void check_settings(const llama_model * model, const SelectionOverrides & caller);
-    // How a model loaded now loads its gathered gate and up rows. Dense use (the caller's `dense`,
+    // How a model loads its gathered gate and up rows, from the caller's settings (the model
+    // parameter llama_model_params::selectinfer; null: none). Dense use (the caller's `dense`,
     // else SELECTINFER_DENSE): both as upstream's matmul kinds, which ggml repacks where it repacks
     // the original's (AMX, CPU_REPACK), and no step can gather from them: a context on such a model
     // must be dense too. The gate-guided strategy (the caller's, else SELECTINFER_STRATEGY's, else
     // the file's): the gate so, as its steps read every gathered gate row; a context on such a
     // model must be gate-guided or dense.
-    static GatheredLoad gathered_load(std::optional<Strategy> file_strategy);
+    static GatheredLoad gathered_load(const SelectionOverrides * caller, std::optional<Strategy> file_strategy);
     const SelectionConfig & config() const { return config_; }
 
     // What the next batches are. By default (programs that do not say, like llama.cpp's tools)
