@@ -72,8 +72,9 @@ void selectinfer_split_static_rows(llama_model_loader & loader) {
     selectinfer::split_static_rows(loader);
 }
 
-bool selectinfer_create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff) {
-    const auto * caller = static_cast<const selectinfer::SelectionOverrides *>(model.params.selectinfer);
+bool selectinfer_create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff,
+                                    const void * selection) {
+    const auto * caller = static_cast<const selectinfer::SelectionOverrides *>(selection);
     const selectinfer::GatheredLoad load =
         selectinfer::NeuronSelection::gathered_load(caller, selectinfer::file_strategy(*model.ml));
     return selectinfer::create_ffn_tensors(model, layer, il, n_embd, n_ff, load);

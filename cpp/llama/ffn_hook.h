@@ -56,9 +56,12 @@ void selectinfer_split_static_rows(llama_model_loader & loader);
 
 // In the architecture's load_arch_tensors (0002): creates the FFN tensors of layer il and returns
 // true when it is a SelectInfer layer; false for a dense layer (llama.cpp creates its tensors).
+// `selection`: the caller's settings (llama_model_params::selectinfer, a SelectionOverrides, or
+// null), which say how the gathered rows load.
 struct llama_model_base;
 struct llama_layer;
-bool selectinfer_create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff);
+bool selectinfer_create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff,
+                                    const void * selection);
 
 // After llama.cpp has loaded a model's tensors (0002): checks any model (model_tensors.h) and
 // returns the validated SelectInfer description of the model (si_gguf.h), or null for a dense
