@@ -1,5 +1,5 @@
 // The selection rule of ggml_si_count and ggml_si_select (sparse_ffn_ops.h), written once for the
-// CPU kernels (sparse_ffn_cpu.cpp), the CUDA kernels (sparse_ffn_cuda.cu) and the host check of
+// CPU kernels (cpu/select.cpp), the CUDA kernels (sparse_ffn_cuda.cu) and the host check of
 // the CUDA algorithm (tests/test_cuda_logic.py):
 //   - a token's neurons are ranked by value, or |value|, NaN below every number;
 //   - a token's top k: k = round(alpha * mean number of positive activations per token);

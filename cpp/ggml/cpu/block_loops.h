@@ -1,10 +1,11 @@
 // The fused block loops of the row ops (step 3, selective computation): the 32 values of a weight
 // block decoded in registers, per type of GGML_SI_FUSED_TYPES, and the loops over rows built on
-// them (sparse_ffn_cpu.cpp). Self-contained (ggml.h for the type names, sparse_ffn_ops.h for their
-// lists) so that a test can build them for every x86 level and check them against numpy
-// (tests/test_block_loops.py).
+// them (the kernel families of sparse_ffn_cpu.h). Self-contained (ggml.h for the type names,
+// sparse_ffn_ops.h for their lists, cpu_features.h for the CPU levels) so that a test can build
+// them for every x86 level and check them against numpy (tests/test_block_loops.py).
 #pragma once
 
+#include "cpu_features.h"
 #include "ggml.h"
 #include "sparse_ffn_ops.h"
 
@@ -33,12 +34,7 @@ constexpr int ADD_GROUP = 16;
 
 // The loops work in vectors of the CPU's own width: GCC lowers a wider generic vector on AVX2 to
 // stack spills and per-lane extracts (measured 3-10x slower). 16 floats with AVX-512, 8 on other
-// x86, 16 elsewhere (NEON keeps them in four registers).
-#if defined(__AVX512F__) || !(defined(__x86_64__) || defined(__i386__))
-#define SI_LANES 16
-#else
-#define SI_LANES 8
-#endif
+// x86, 16 elsewhere (NEON keeps them in four registers): SI_LANES (cpu_features.h).
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(__AVX__)
 // without AVX GCC builds the 8-float vectors from two SSE registers and notes that passing one
 // would change the ABI: these loops are inline functions of one file, which no other code calls
@@ -318,8 +314,7 @@ inline void block_values(const char * row, int64_t b, f32v * out) {
 // taking q's sign (vpsignb), c = 0. Each term's error is at most S/2 * |u - c|: the
 // precision of upstream's dot products, whose activation is quantized to 8 bits per 32 values.
 // Non-finite or tiny factors take the float loop.
-#if defined(__AVX2__)
-#define SI_INT_ROWS 1
+#if defined(SI_INT_ROWS)  // x86 with AVX2 (cpu_features.h)
 template <ggml_type T> constexpr bool has_int_rows = T == GGML_TYPE_Q8_0 || T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1 ||
                                                     is_five_bit<T> || is_k_quant<T>;
 // pairs of rows summed in 16 bits before a widening: 2 * 127 * max |u - c| per pair, under 2^15
@@ -523,16 +518,13 @@ inline void add_int_block(U && u, int nr, int lo, int hi, const IntFactors & f, 
 // go a super-block at a time, its eight blocks' sums in the lanes of one vector per row, in 32
 // bits (VNNI's dpbusd where the CPU has it): their gathered rows took 1.1-1.6x a dense row's time
 // through upstream's vec_dot and take 0.9x here (scripts/bench_ffn.py, Q4_K and Q5_K, Xeon).
-#if defined(__F16C__)
-#define SI_INT_DOTS 1
+#if defined(SI_INT_DOTS)  // and F16C (cpu_features.h)
 #define SI_OR_TYPE(N) || T == GGML_TYPE_##N
 template <ggml_type T> constexpr bool has_int_dots = false GGML_SI_INT_DOT_TYPES(SI_OR_TYPE);
 #undef SI_OR_TYPE
 
-// With AVX-512 VNNI, Q4_0 and Q4_1 rows are dotted four blocks per vector (run_blocks_512).
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
-#define SI_INT_DOTS_512 1
-#endif
+// With AVX-512 VNNI, Q4_0 and Q4_1 rows are dotted four blocks per vector (run_blocks_512):
+// SI_INT_DOTS_512 (cpu_features.h).
 
 // x quantized per 32 values: x[i] ~ d[i / 32] * q[i]; sum[b] = sum of block b's q. For
 // run_blocks_512 also per group of four blocks (DotRowsInt::arrange_input; a missing block's
@@ -858,7 +850,7 @@ template <ggml_type T> struct DotRowsInt {
 };
 #else
 template <ggml_type T> constexpr bool has_int_dots = false;
-#endif  // __F16C__
+#endif  // SI_INT_DOTS
 #else
 template <ggml_type T> constexpr bool has_int_rows = false;
 template <ggml_type T> constexpr bool has_int_dots = false;
