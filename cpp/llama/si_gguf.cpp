@@ -268,7 +268,7 @@ GateStats read_gate_stats(const Metadata & m, int il, int64_t n_load) {
     const std::string gate_mean_key = layer_key(kGateMean, il), up_mean_key = layer_key(kUpMean, il);
     if (!m.has(slope_key)) refuse(rms_key + " is present but " + slope_key + " is not");
     GateStats stats{read_per_neuron(m, rms_key, il, n_load, true, "root mean square >= 0"),
-                    read_per_neuron(m, slope_key, il, n_load, false, "slope"), {}, {}};
+                    read_per_neuron(m, slope_key, il, n_load, false, "slope"), {}, {}, {}};
     if (m.has(gate_mean_key) != m.has(up_mean_key)) {
         refuse(std::string(m.has(gate_mean_key) ? gate_mean_key : up_mean_key) + " is present but " +
                (m.has(gate_mean_key) ? up_mean_key : gate_mean_key) + " is not");

@@ -119,21 +119,14 @@ class Model:
         params.flash_attn = -1 if flash_attn is None else int(bool(flash_attn))
         params.profile = profile
         params.profile_input_moments = profile_input_moments
-        if select_by not in (None, "value", "magnitude"):
-            raise ValueError(f"select_by must be 'value' or 'magnitude', got {select_by!r}")
         for name, value in (("compute_ratio", compute_ratio), ("token_ratio", token_ratio)):
             if value is not None and not 0 <= value <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
         # what is given here overrides the SELECTINFER_* environment; None keeps it (or the file's default)
         sel = params.selection
-        sel.strategy = strategy  # ValueError for an unknown name
-        sel.compute_ratio = None if compute_ratio is None else float(compute_ratio)
-        sel.layer_budgets = layer_budgets  # ValueError for an unknown name
-        sel.token_ratio = None if token_ratio is None else float(token_ratio)
-        sel.by_magnitude = None if select_by is None else select_by == "magnitude"
-        sel.dense = None if dense is None else bool(dense)
-        sel.coreinfer = None if coreinfer is None else bool(coreinfer)
-        sel.compensate = None if compensate is None else bool(compensate)
+        # each a setting of the engine's table (_native.SELECTION_SETTINGS), which checks its value
+        sel.strategy, sel.compute_ratio, sel.layer_budgets, sel.token_ratio = strategy, compute_ratio, layer_budgets, token_ratio
+        sel.select_by, sel.dense, sel.coreinfer, sel.compensate = select_by, dense, coreinfer, compensate
         self.seed = seed
         self._engine: _native.Engine | None = _native.Engine(params)
 
