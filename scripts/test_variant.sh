@@ -101,17 +101,20 @@ esac
 mkdir -p "$dir"
 cmake -S . -B "$dir" -G Ninja -DPython_EXECUTABLE="$PY" -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)" \
       "${cmake_args[@]}" > "$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
-cmake --build "$dir" --target _native selectinfer-cli
+cmake --build "$dir" --target _native _testing selectinfer-cli
 
 # the package: our Python sources beside the variant's extension module
 rm -rf "$dir/pkg" "$dir/cmd" "$dir/install"
 mkdir -p "$dir/pkg/selectinfer" "$dir/cmd"
-cp python/selectinfer/*.py "$dir/pkg/selectinfer/"
+cp -r python/selectinfer/. "$dir/pkg/selectinfer/"
+rm -f "$dir"/pkg/selectinfer/_native*.so "$dir"/pkg/selectinfer/_testing*.so  # a developer's own build
 native=$(ls "$dir"/_native*.so)
+testing=$(ls "$dir"/_testing*.so)
 cli=$(find "$dir" -maxdepth 2 -name selectinfer-cli -type f | head -1)
 if [ -n "$dl" ]; then  # installed as pip would: the extension, libraries and modules together
   cmake --install "$dir" --prefix "$PWD/$dir/install" > /dev/null
-  cp -P "$dir"/install/selectinfer/lib* "$dir"/install/selectinfer/_native*.so "$dir/pkg/selectinfer/"
+  cp -P "$dir"/install/selectinfer/lib* "$dir"/install/selectinfer/_native*.so "$dir"/install/selectinfer/_testing*.so \
+        "$dir/pkg/selectinfer/"
   native=$(ls "$dir"/pkg/selectinfer/_native*.so)
   cli=$dir/install/bin/selectinfer-cli
   echo "selectinfer: $variant modules: $(cd "$dir/install/selectinfer" && ls libggml-cpu*.so | tr '\n' ' ')"
@@ -125,6 +128,7 @@ if [ "$variant" = aarch64 ]; then
   # the arm64 Python under qemu, its numpy from Debian; the test venv's pure-Python packages
   # (pytest, gguf, ...) after its own, so that none of their x86-64 extension modules is taken
   cp "$native" "$dir/pkg/selectinfer/_native.so"
+  cp "$testing" "$dir/pkg/selectinfer/_testing.so"
   cp "$cli" "$dir/selectinfer-cli.arm64"
   printf '%s\n' "$deps" > "$sysroot/usr/lib/python3/dist-packages/selectinfer-test-deps.pth"
   python=("$(command -v qemu-aarch64)" -L "$sysroot" "$sysroot/usr/bin/python3.11")
@@ -134,7 +138,7 @@ if [ "$variant" = aarch64 ]; then
 else
   # a venv that sees the staged package first, then the test venv's packages; its .pth files (an
   # editable install's import hook among them) are not processed, so no other selectinfer gets in
-  [ -n "$dl" ] || cp "$native" "$dir/pkg/selectinfer/"
+  [ -n "$dl" ] || cp "$native" "$testing" "$dir/pkg/selectinfer/"
   if [ -n "$dl" ]; then  # keep its rpath to the installed libraries
     ln -sf "$PWD/$cli" "$dir/cmd/selectinfer-cli"
   else
