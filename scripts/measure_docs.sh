@@ -42,13 +42,19 @@ selectinfer bench "$ORIG" smollm2.si40.gguf smollm2.si70.gguf --compute-ratios 0
 cp bench-smollm2.json "$RESULTS/bench-smollm2.json"
 
 # 4. Memory, speed and quality: the original, Q8_0 and Q4_0 made from it, SI70 over its loaded
-#    neurons and at phi 0.3 / 0.4 / 0.5, and random loading at phi 0.4 (CoreInfer left out);
+#    neurons and at phi 0.3 / 0.4 / 0.5, CoreInfer at each phi and random loading at phi 0.4;
 #    continuation perplexity and closed-book QA on 40 held-out examples each, peak RSS of each
 #    configuration's process. Started afresh: eval reuses a folder's earlier runs.
 rm -rf eval-smollm2
 selectinfer eval smollm2-135m -o eval-smollm2 --tasks text qa -n 40 --profile-prompts 10 --gammas 0.7 \
     --phis 0.3 0.4 0.5 --select-by value --quants Q8_0 Q4_0 --si-quants --speed-rounds 3 -t "$THREADS"
 cp eval-smollm2/results.json "$RESULTS/eval-smollm2.json"
+
+# 5. The renderer refuses result files without provenance: say so now, not at render time.
+for f in "$RESULTS/bench-smollm2.json" "$RESULTS/eval-smollm2.json"; do
+    python3 -c 'import json, sys; sys.exit("provenance" not in json.load(open(sys.argv[1])))' "$f" ||
+        { echo "measure_docs.sh: $f has no provenance: this selectinfer is too old to write it" >&2; exit 1; }
+done
 
 echo "measure_docs.sh: wrote $RESULTS/bench-smollm2.json and $RESULTS/eval-smollm2.json;" \
      "now: python scripts/render_docs.py" >&2
