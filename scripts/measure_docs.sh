@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every result file under docs/results/, measured with the installed selectinfer; then
 # `python scripts/render_docs.py` writes the tables of README.md, docs/benchmarks.md and
-# docs/accuracy.md from them. Run it on a quiet machine: about 6-8 minutes on 2 cores the first
-# time (profiling included), about 5 once the model and its profile are cached.
+# docs/accuracy.md from them. Run it on a quiet machine: about 8 minutes on 2 cores the first
+# time (profiling included), about 7 once the model and its profile are cached.
 #
 #   scripts/measure_docs.sh            # writes docs/results/bench-smollm2.json, eval-smollm2.json
 #
@@ -42,12 +42,12 @@ selectinfer bench "$ORIG" smollm2.si40.gguf smollm2.si70.gguf --compute-ratios 0
 cp bench-smollm2.json "$RESULTS/bench-smollm2.json"
 
 # 4. Memory, speed and quality: the original, Q8_0 and Q4_0 made from it, SI70 over its loaded
-#    neurons and at phi 0.3 / 0.4 / 0.5, CoreInfer at each phi and random loading at phi 0.4;
+#    neurons and at phi 0.4 / 0.5, CoreInfer at each phi and random loading at phi 0.5;
 #    continuation perplexity and closed-book QA on 40 held-out examples each, peak RSS of each
 #    configuration's process. Started afresh: eval reuses a folder's earlier runs.
 rm -rf eval-smollm2
 selectinfer eval smollm2-135m -o eval-smollm2 --tasks text qa -n 40 --profile-prompts 10 --gammas 0.7 \
-    --phis 0.3 0.4 0.5 --select-by value --quants Q8_0 Q4_0 --si-quants --speed-rounds 3 -t "$THREADS"
+    --phis 0.4 0.5 --select-by value --quants Q8_0 Q4_0 --si-quants --speed-rounds 3 -t "$THREADS"
 cp eval-smollm2/results.json "$RESULTS/eval-smollm2.json"
 
 # 5. The renderer refuses result files without provenance: say so now, not at render time.
