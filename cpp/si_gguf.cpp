@@ -16,7 +16,7 @@ namespace selectinfer {
 
 namespace {
 
-// The keys, as python/selectinfer/convert.py writes them.
+// The keys, as python/selectinfer/method/convert.py writes them.
 constexpr const char * kVersion      = "selectinfer.format_version";
 constexpr const char * kOriginalN    = "selectinfer.original_feed_forward_length";
 constexpr const char * kLoadRatio    = "selectinfer.load_ratio";

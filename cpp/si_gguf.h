@@ -1,7 +1,7 @@
 // The SelectInfer GGUF as the engine reads it (step 2 of the method, selective loading): the
 // `selectinfer.*` keys, read once when llama.cpp has loaded the model and checked against its
 // tensors, so that nothing later trusts an unchecked value from the file. The writer is
-// python/selectinfer/convert.py; the two agree on the key names and on SI_FORMAT_VERSION.
+// python/selectinfer/method/convert.py; the two agree on the key names and on SI_FORMAT_VERSION.
 //
 // A file is untrusted input: every problem is a std::runtime_error naming the key (and layer)
 // and what to do, which llama.cpp's loader reports as a failed load.

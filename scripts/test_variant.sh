@@ -106,7 +106,7 @@ cmake --build "$dir" --target _native selectinfer-cli
 # the package: our Python sources beside the variant's extension module
 rm -rf "$dir/pkg" "$dir/cmd" "$dir/install"
 mkdir -p "$dir/pkg/selectinfer" "$dir/cmd"
-cp python/selectinfer/*.py "$dir/pkg/selectinfer/"
+(cd python && find selectinfer -name '*.py' -print0) | tar -C python --null -T - -cf - | tar -C "$dir/pkg" -xf -
 native=$(ls "$dir"/_native*.so)
 cli=$(find "$dir" -maxdepth 2 -name selectinfer-cli -type f | head -1)
 if [ -n "$dl" ]; then  # installed as pip would: the extension, libraries and modules together

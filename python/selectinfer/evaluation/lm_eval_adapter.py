@@ -22,7 +22,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from .model import SELECTION_KEYWORDS, Model
+from ..runtime.model import SELECTION_KEYWORDS, Model
 
 # accepted from lm_eval's command line (batch size, device) and ignored: one sequence, on this CPU
 _HARNESS_ARGS = ("batch_size", "max_batch_size", "device")
