@@ -12,9 +12,9 @@ import argparse
 import statistics
 
 from selectinfer import _native, _testing
-from selectinfer.bench import computed_neurons
-from selectinfer.convert import layer_counts
-from selectinfer.synthetic import SHAPES
+from selectinfer.evaluation.bench import computed_neurons
+from selectinfer.method.convert import layer_counts
+from selectinfer.evaluation.synthetic import SHAPES
 
 TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "BF16": 30}
 SHAPES_AND_DEFAULT = {**{k: (v.n_embd, v.n_ff) for k, v in SHAPES.items()}, "smollm2-135m": (576, 1536)}

@@ -49,7 +49,7 @@ def ffn_bytes(path: Path, layers: range) -> int:
 
 
 def main() -> int:
-    from selectinfer.convert import convert, default_layers
+    from selectinfer.method.convert import convert, default_layers
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", type=Path)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Decode speed of a per-step strategy against the method (frequency) at the same bytes read per
 token. For each phi of the method's file, the strategy's phi on its own file is solved so that
-both read the same weight bytes per decode step (selectinfer.bench.bytes_read_per_token); then
-every configuration runs side by side, interleaved (selectinfer.bench.run_configs), and the
+both read the same weight bytes per decode step (selectinfer.evaluation.bench.bytes_read_per_token); then
+every configuration runs side by side, interleaved (selectinfer.evaluation.bench.run_configs), and the
 medians and the ratio of each pair are printed.
 
     python scripts/bench_strategies.py --method si70.gguf --file si85d20p128.gguf --strategy predicted \\
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from selectinfer.bench import BenchConfig, bytes_read_per_token, run_configs
+from selectinfer.evaluation.bench import BenchConfig, bytes_read_per_token, run_configs
 
 
 def phi_reading(path: str, strategy: str, target_bytes: int) -> float:

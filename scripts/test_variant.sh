@@ -106,8 +106,7 @@ cmake --build "$dir" --target _native _testing selectinfer-cli
 # the package: our Python sources beside the variant's extension module
 rm -rf "$dir/pkg" "$dir/cmd" "$dir/install"
 mkdir -p "$dir/pkg/selectinfer" "$dir/cmd"
-cp -r python/selectinfer/. "$dir/pkg/selectinfer/"
-rm -f "$dir"/pkg/selectinfer/_native*.so "$dir"/pkg/selectinfer/_testing*.so  # a developer's own build
+(cd python && find selectinfer -name '*.py' -print0) | tar -C python --null -T - -cf - | tar -C "$dir/pkg" -xf -
 native=$(ls "$dir"/_native*.so)
 testing=$(ls "$dir"/_testing*.so)
 cli=$(find "$dir" -maxdepth 2 -name selectinfer-cli -type f | head -1)

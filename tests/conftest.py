@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from selectinfer.synthetic import make_model
+from selectinfer.evaluation.synthetic import make_model
 
 TESTS_DIR = Path(__file__).parent
 sys.path.insert(0, str(TESTS_DIR))  # for `reference` and `helpers`

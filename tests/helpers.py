@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from selectinfer.synthetic import make_model
+from selectinfer.evaluation.synthetic import make_model
 
 
 def make_si_model(root: Path, *, seed: int, layers: str, n_ff: int = 256, shape: str = "tiny-llama") -> tuple[Path, Path]:
     """A random tiny model (3 layers, N = n_ff, F32) and its SelectInfer GGUF (random neurons,
     gamma 0.75, delta 0.25, the given layers): (dense path, SelectInfer path)."""
-    from selectinfer.convert import convert
+    from selectinfer.method.convert import convert
 
     src, out = root / "dense.gguf", root / "si.gguf"
     make_model(src, shape, weight_type="F32", seed=seed, n_ff=n_ff, n_layer=3)
@@ -30,8 +30,8 @@ def make_predicted_si_model(root: Path, *, seed: int, layers: str, rank: int = 3
     """make_si_model's tiny model (N = 256) profiled with FFN input moments (2 prompts of botchan, 4
     tokens each), converted by that profile's ranking (gamma 0.75, delta 0.25) with a gate
     predictor of the given rank: the SelectInfer path."""
-    from selectinfer.convert import convert
-    from selectinfer.profiler import profile_model
+    from selectinfer.method.convert import convert
+    from selectinfer.method.profiler import profile_model
 
     src, profile, out = root / "dense.gguf", root / "p.safetensors", root / "si-predicted.gguf"
     make_model(src, shape, weight_type="F32", seed=seed, n_ff=256, n_layer=3)
@@ -45,8 +45,8 @@ def make_predicted_si_model(root: Path, *, seed: int, layers: str, rank: int = 3
 def profiled_si_model(model: Path, root: Path, load_ratio: float = 0.7) -> Path:
     """A real model's SelectInfer GGUF from a short profile (4 prompts of the QA and text data
     sets, 16 tokens each), the QA ranking, delta 0.3, the default layers."""
-    from selectinfer.convert import convert
-    from selectinfer.profiler import profile_model
+    from selectinfer.method.convert import convert
+    from selectinfer.method.profiler import profile_model
 
     profile = root / "p.safetensors"
     profile_model(model, ["capitals-qa", "botchan"], profile, max_prompts=4, max_new_tokens=16, progress=False)
@@ -131,7 +131,7 @@ def write_gguf(path, fields: dict, tensors: list[dict]) -> Path:
 @functools.cache
 def why_no_memory_limits() -> str | None:
     """None when this machine lets the tests limit a child's memory (cgroup), else why not."""
-    from selectinfer.memlimit import MemoryLimitError, run_limited
+    from selectinfer.runtime.memlimit import MemoryLimitError, run_limited
 
     try:
         run_limited([sys.executable, "-c", "pass"], 256 * 2**20, timeout_s=60)

@@ -96,7 +96,7 @@ def test_a_selectinfer_prompt_between_amx_kernels_matches_the_same_without_amx(d
     kernels restore their configuration, so the prompt's logits match those of the same file with no
     weights in the AMX buffer within what ggml's AMX and plain kernels differ by (5% of the mean
     logit, the original model's too); a wrong tile shape in those matmuls gives other logits."""
-    from selectinfer.convert import convert
+    from selectinfer.method.convert import convert
 
     si = tmp_path / "si.gguf"
     convert(default_model, si, ranking="random", seed=3, load_ratio=0.7, static_ratio=0.3, progress=False)

@@ -4,7 +4,7 @@ from gguf import GGUFReader
 
 from helpers import make_predicted_si_model, make_si_model
 
-from selectinfer.bench import bench_configs, bytes_read_per_token, format_table, run_bench
+from selectinfer.evaluation.bench import bench_configs, bytes_read_per_token, format_table, run_bench
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +93,7 @@ def test_bench_runs_each_configuration_with_flash_attention_on_and_off(models, s
 
 def test_bench_json_has_the_table_numbers(models, selectinfer_cmd, tmp_path):
     import json
+    import shlex
 
     dense, si = models
     out = tmp_path / "bench.json"
@@ -101,6 +102,10 @@ def test_bench_json_has_the_table_numbers(models, selectinfer_cmd, tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     assert report["gpu_layers"] == -1 and report["devices"][0]["name"] == "CPU"
+    prov = report["provenance"]  # where the numbers came from
+    assert prov["threads"] == 1 and prov["version"] and isinstance(prov["cpu_features"], list)
+    assert shlex.split(prov["command"]) == ["selectinfer", "bench", str(dense), str(si), "--compute-ratios", "0.5",
+                                            "-p", "8", "-n", "4", "-r", "2", "-t", "1", "-ngl", "-1", "--json", str(out)]
     results = report["results"]
     assert [r["label"] for r in results] == ["dense.gguf", "si.gguf (dense over loaded)", "si.gguf (phi 0.5)"]
     assert results[0]["decode_vs_first"] == 1.0 and results[0]["bytes_read_ideal"] == 1.0

@@ -31,7 +31,7 @@ def test_cli_prompt_file_and_seed(cli, tiny_model, tmp_path):
 
 
 def test_cli_chat_mode(cli, tmp_path):
-    from selectinfer.synthetic import make_model
+    from selectinfer.evaluation.synthetic import make_model
 
     path = tmp_path / "chat.gguf"
     make_model(path, "tiny-llama", n_vocab=4000)  # mostly word tokens: replies are usually valid UTF-8

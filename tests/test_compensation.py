@@ -6,7 +6,7 @@ import pytest
 from reference import gelu, reference_dropped_means, silu
 
 from selectinfer import _testing
-from selectinfer.convert import gate_means, gate_stats
+from selectinfer.method.convert import gate_means, gate_stats
 
 ACTS = {"silu": silu, "gelu": gelu}
 

@@ -9,12 +9,12 @@ from helpers import gguf_fields
 from reference import ReferenceModel
 
 from selectinfer import Model, ModelLoadError, _native
-from selectinfer.convert import (SI_FORMAT_VERSION, ConvertError, SourceGGUF, convert, default_layers,
+from selectinfer.method.convert import (SI_FORMAT_VERSION, ConvertError, SourceGGUF, convert, default_layers,
                                  estimate_output_bytes, inspect, layer_counts, neuron_count, plan_layers,
                                  predictor_type)
-from selectinfer.profiles import DatasetStats, ModelInfo, Profile, ProfileError, ranking
-from selectinfer.paths import sha256_file
-from selectinfer.synthetic import make_model
+from selectinfer.method.profiles import DatasetStats, ModelInfo, Profile, ProfileError, ranking
+from selectinfer.runtime.paths import sha256_file
+from selectinfer.evaluation.synthetic import make_model
 
 TEXT = "the capital of france is paris, a city on the seine"
 # engine vs float64 numpy, relative to max |logit|: exact layouts, then re-quantized down projections
@@ -369,7 +369,7 @@ def test_down_t_type_fits_the_row_length():
     where not (Gemma-3-270M's 640 values and a K-quant's 256-value blocks), F16 for BF16."""
     from gguf import GGMLQuantizationType as T
 
-    from selectinfer.convert import down_t_type
+    from selectinfer.method.convert import down_t_type
 
     assert down_t_type(T.Q4_K, 3072) == T.Q4_K and down_t_type(T.Q6_K, 2048) == T.Q6_K
     assert down_t_type(T.Q4_K, 640) == T.Q8_0 and down_t_type(T.Q6_K, 640) == T.Q8_0

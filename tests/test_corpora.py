@@ -3,8 +3,8 @@ import re
 
 import pytest
 
-from selectinfer.corpora import CORPORA, load_corpus, split_of
-from selectinfer.tasks import TASKS, format_prompt, load_dataset, sample_examples
+from selectinfer.method.corpora import CORPORA, load_corpus, split_of
+from selectinfer.method.tasks import TASKS, format_prompt, load_dataset, sample_examples
 
 
 @pytest.mark.parametrize("name", list(CORPORA))

@@ -57,8 +57,8 @@ def test_derived_f16_variant(default_model):
 
 def test_converted_default_model_still_answers(default_model, tmp_path, cli):
     """Step 1 + 2 on the real model: a short profile, gamma 0.7, and the answer survives."""
-    from selectinfer.convert import convert
-    from selectinfer.profiler import profile_model
+    from selectinfer.method.convert import convert
+    from selectinfer.method.profiler import profile_model
 
     profile = tmp_path / "p.safetensors"
     profile_model(default_model, ["capitals-qa", "botchan"], profile, max_prompts=4, max_new_tokens=16,
@@ -77,7 +77,7 @@ def test_pull_rehashes_a_changed_file(default_model, tmp_path, monkeypatch):
     """A cached model is hashed once; a file that changed afterwards is hashed again and refused."""
     import shutil
 
-    from selectinfer import registry
+    from selectinfer.runtime import registry
 
     copy = tmp_path / default_model.name
     shutil.copyfile(default_model, copy)

@@ -2,13 +2,14 @@
 processes, intervals and paired differences, speed, and the report (JSON, markdown, plots).
 Random weights: the numbers say nothing about accuracy; the test checks the bookkeeping."""
 import json
+import shlex
 from pathlib import Path
 
 import pytest
 from helpers import needs_cgroups
 
-from selectinfer import eval_report, evaluate
-from selectinfer.bench import bytes_read_per_token
+from selectinfer.evaluation import eval_report, evaluate
+from selectinfer.evaluation.bench import bytes_read_per_token
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,8 @@ def report(tiny_model, tmp_path_factory):
     report, written = evaluate.run_eval(
         source, out, gammas=[0.75], phis=[0.5], select_by=["value", "magnitude"], quants=["Q8_0"],
         si_quants=["Q8_0"], tasks=["qa", "translation", "summarization", "text"], n=3, n_threads=2,
-        speed_rounds=1, n_prompt=8, n_gen=4, n_bootstrap=200, progress=False)
+        speed_rounds=1, n_prompt=8, n_gen=4, n_bootstrap=200, progress=False,
+        argv=["eval", str(source), "-o", "an out dir"])
     return report, written, out
 
 
@@ -43,6 +45,15 @@ def test_the_grid(report):
     assert loaded["phi"] is None and selected["phi"] == 0.5
     assert selected["read_bytes_per_token"] < loaded["read_bytes_per_token"] < rows[0]["read_bytes_per_token"]
     assert loaded["model_bytes"] < rows[0]["model_bytes"]
+
+
+def test_the_report_records_its_provenance(report):
+    report, _, out = report
+    saved = json.loads((out / "results.json").read_text())
+    prov = saved["provenance"]
+    assert set(prov) == {"cpu", "cpu_features", "threads", "commit", "version", "command", "date"}
+    assert prov["threads"] == 2 and prov["command"] == report["meta"]["command"]
+    assert shlex.split(prov["command"])[1:] == ["eval", report["configurations"][0]["path"], "-o", "an out dir"]
 
 
 def test_intervals_and_paired_differences(report):
@@ -160,8 +171,8 @@ def test_delta_zero_grid_has_no_static_neurons_and_phis_below_the_default_delta(
 
 
 def test_predictor_grid_runs_the_predicted_strategy(tiny_model, tmp_path):
-    from selectinfer.bench import bytes_read_per_token
-    from selectinfer.profiler import profile_model
+    from selectinfer.evaluation.bench import bytes_read_per_token
+    from selectinfer.method.profiler import profile_model
 
     source = tiny_model("tiny-qwen2", "F32")
     profile = tmp_path / "p.safetensors"
@@ -229,7 +240,7 @@ def test_under_a_memory_limit_each_configuration_runs_and_is_timed_in_its_own_pr
 
 
 def test_frontier_keeps_the_non_dominated_points():
-    from selectinfer.eval_report import frontier
+    from selectinfer.evaluation.eval_report import frontier
 
     # x = memory (lower better), y = accuracy (higher better)
     pts = [(100, 0.5), (80, 0.5), (120, 0.9), (90, 0.3), (80, 0.6)]
@@ -240,7 +251,7 @@ def test_frontier_keeps_the_non_dominated_points():
 
 @needs_cgroups
 def test_a_model_larger_than_the_limit_is_paged_from_its_file_not_killed(tiny_model, tmp_path):
-    from selectinfer.synthetic import make_model
+    from selectinfer.evaluation.synthetic import make_model
 
     # FFN weights of 3 x 3 x 64 x 90112 F32: a 200 MiB file, run in a cgroup 80 MiB above what the
     # process needs besides it: its weights must be read from the file again and again (offloading)
@@ -269,8 +280,8 @@ def test_a_prepared_model_runs_under_a_limit_equal_to_its_budget(tmp_path):
     peak does not move by 0.5%; the README shows the default model fitted within 0.3% below.)"""
     import json
 
-    from selectinfer import prepare
-    from selectinfer.synthetic import make_model
+    from selectinfer.method import prepare
+    from selectinfer.evaluation.synthetic import make_model
 
     wide = tmp_path / "wide.gguf"  # FFN weights (36 MiB) large against the compute buffers and RSS noise
     make_model(wide, "tiny-llama", weight_type="F32", seed=1, n_embd=256, n_ff=4096, n_layer=3)
@@ -312,7 +323,7 @@ def test_quick_run_on_the_default_model(default_model, selectinfer_cmd, tmp_path
 
 def test_plots_split_selectinfer_points_by_selection_rule():
     """Where a run compares selection rules, each gets a legend entry of its own (loaded-only apart)."""
-    from selectinfer.eval_report import _groups
+    from selectinfer.evaluation.eval_report import _groups
 
     rows = [{"family": "original"}, {"family": "selectinfer", "select_by": None},
             {"family": "selectinfer", "select_by": "value"}, {"family": "selectinfer", "select_by": "gate-guided"},

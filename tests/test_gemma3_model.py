@@ -44,7 +44,7 @@ def test_selective_computation_on_gemma3(gemma, gemma_si):
     """The converted file is smaller, loads its gathered rows as SelectInfer layers, and decodes with
     each strategy at phi 0.4 within a bounded loss of the original (scored after a 24-token prompt,
     one decode step per token, as generation computes them)."""
-    from selectinfer.convert import inspect
+    from selectinfer.method.convert import inspect
 
     # the 262k-token embedding is most of this model: the FFN matrices shrink (ffn_down_t is Q8_0,
     # 640 values per row being no whole number of Q4_K / Q6_K blocks), the file by a few percent

@@ -1,4 +1,4 @@
-"""The lm-evaluation-harness model (selectinfer.lm_eval_adapter) on tasks defined from local JSON
+"""The lm-evaluation-harness model (selectinfer.evaluation.lm_eval_adapter) on tasks defined from local JSON
 files (the hub is not reachable): each request type's result against the same quantity computed
 with the Model API, on a SelectInfer file at a compute ratio."""
 import json
@@ -12,7 +12,7 @@ from helpers import make_si_model
 lm_eval = pytest.importorskip("lm_eval")
 
 from selectinfer import Model  # noqa: E402
-from selectinfer.lm_eval_adapter import SelectInferLM  # noqa: E402
+from selectinfer.evaluation.lm_eval_adapter import SelectInferLM  # noqa: E402
 
 QUESTIONS = [
     {"question": "What is the capital of France?", "choices": [" Paris", " Rome", " Oslo"], "label": 0, "answer": "Paris"},

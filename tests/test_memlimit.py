@@ -6,7 +6,7 @@ import sys
 import pytest
 from helpers import needs_cgroups, tool
 
-from selectinfer.memlimit import CGROUP_ROOT, MemoryLimitError, run_limited
+from selectinfer.runtime.memlimit import CGROUP_ROOT, MemoryLimitError, run_limited
 
 ALLOCATE = "import sys; b = bytearray(int(sys.argv[1]) * 2**20); b[::4096] = b'x' * len(b[::4096]); print('ok')"
 

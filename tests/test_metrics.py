@@ -1,11 +1,11 @@
-"""The evaluation's metrics and their intervals (selectinfer.metrics) against hand-computed values
+"""The evaluation's metrics and their intervals (selectinfer.evaluation.metrics) against hand-computed values
 and the packages they wrap."""
 import math
 
 import numpy as np
 import pytest
 
-from selectinfer import metrics
+from selectinfer.evaluation import metrics
 
 
 @pytest.mark.parametrize("generated, answers, em, f1", [

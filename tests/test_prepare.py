@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from selectinfer import prepare
-from selectinfer.convert import ConvertError
-from selectinfer.synthetic import make_model
+from selectinfer.method import prepare
+from selectinfer.method.convert import ConvertError
+from selectinfer.evaluation.synthetic import make_model
 
 PROMPTS = ["The history of the city begins with a small settlement on the river.",
            "Traders met there to exchange grain, salt and cloth.",

@@ -6,9 +6,9 @@ import pytest
 from reference import ReferenceModel
 
 from selectinfer import Model
-from selectinfer.profiler import EngineCollector, run_profile
-from selectinfer.profiles import DatasetStats, ModelInfo, Profile, ProfileError, jaccard, ranking, top_set
-from selectinfer.tasks import Dataset, load_dataset, load_user_dataset
+from selectinfer.method.profiler import EngineCollector, run_profile
+from selectinfer.method.profiles import DatasetStats, ModelInfo, Profile, ProfileError, jaccard, ranking, top_set
+from selectinfer.method.tasks import Dataset, load_dataset, load_user_dataset
 
 
 def reference_ffn_steps(path, tokens):
@@ -190,7 +190,7 @@ def test_profile_reproducible_and_resumable(tiny_model, tmp_path, input_moments)
     run_profile(collector(), tiny_datasets(), second, max_new_tokens=5, progress=False)
     assert first.read_bytes() == second.read_bytes()
 
-    import selectinfer.profiler as profiler
+    import selectinfer.method.profiler as profiler
     profiler.CHECKPOINT_EVERY, saved = 2, profiler.CHECKPOINT_EVERY
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -218,7 +218,7 @@ def test_profile_reproducible_and_resumable(tiny_model, tmp_path, input_moments)
 
 
 def test_profile_report_writes_plots(tmp_path):
-    from selectinfer.profile_report import overlap_table, write_report
+    from selectinfer.method.profile_report import overlap_table, write_report
 
     p = synthetic_profile()
     paths = write_report(p, tmp_path / "report")
@@ -275,7 +275,7 @@ def test_dataset_errors(tmp_path):
 
 
 def test_unavailable_source_package(tmp_path):
-    from selectinfer.fetch import FetchError, apt_download, pip_download
+    from selectinfer.runtime.fetch import FetchError, apt_download, pip_download
 
     with pytest.raises(FetchError, match="could not download selectinfer-no-such-package==0.0.0 from PyPI"):
         pip_download("selectinfer-no-such-package", "0.0.0", tmp_path)
@@ -294,8 +294,8 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 def test_transformers_and_engine_profilers_agree(tmp_path, arch):
     torch = pytest.importorskip("torch", reason="the transformers profiler needs torch (pip install torch)")
     transformers = pytest.importorskip("transformers", reason="needs transformers (pip install transformers)")
-    from selectinfer.hf_gguf import hf_to_gguf
-    from selectinfer.hf_profiler import TransformersCollector
+    from selectinfer.evaluation.hf_gguf import hf_to_gguf
+    from selectinfer.method.hf_profiler import TransformersCollector
 
     config_cls, model_cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
                              "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[arch]

@@ -8,8 +8,8 @@ from reference import (ReferenceModel, reference_layer_budgets, reference_select
                        reference_uniform_size)
 
 from selectinfer import Model, ModelLoadError
-from selectinfer.convert import convert
-from selectinfer.synthetic import make_model
+from selectinfer.method.convert import convert
+from selectinfer.evaluation.synthetic import make_model
 
 PROMPT = "the capital of france is paris, a city on the"
 
@@ -726,7 +726,7 @@ def test_python_counts_the_computed_neurons_as_the_engine_does(si_model):
     """The benchmark's bytes-read yardstick counts the neurons a layer computes as the engine does
     (lround of phi * N in float32), at every phi a file allows."""
     from selectinfer import _native
-    from selectinfer.bench import computed_neurons, layer_counts
+    from selectinfer.evaluation.bench import computed_neurons, layer_counts
 
     header = _native.read_gguf_header(str(si_model))
     for phi in (0.25, 0.2501, 0.3, 0.333, 0.4, 0.5, 0.61, 0.75):

@@ -307,12 +307,12 @@ def test_a_message_quoting_bytes_from_the_file_is_still_text(si_parts, tmp_path)
 
 
 def test_the_reader_and_the_writer_agree_on_the_keys(si_parts):
-    """The keys cpp/llama/si_gguf.cpp reads are the keys python/selectinfer/convert.py writes, and both
+    """The keys cpp/si_gguf.cpp reads are the keys python/selectinfer/method/convert.py writes, and both
     say the same format version (the format is defined twice, in two languages)."""
     import re
     from pathlib import Path
 
-    from selectinfer.convert import (GATE_MEAN_KEY, GATE_RMS_KEY, NEURON_SHARES_KEY, SI_FORMAT_VERSION, UP_MEAN_KEY,
+    from selectinfer.method.convert import (GATE_MEAN_KEY, GATE_RMS_KEY, NEURON_SHARES_KEY, SI_FORMAT_VERSION, UP_MEAN_KEY,
                                      UP_RMS_KEY, UP_SLOPE_KEY)
 
     source = (Path(__file__).resolve().parent.parent / "cpp" / "si_gguf.cpp").read_text()

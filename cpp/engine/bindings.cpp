@@ -1,4 +1,4 @@
-// selectinfer._native: a thin binding of engine.h. The Python API (python/selectinfer/model.py)
+// selectinfer._native: a thin binding of engine.h. The Python API (python/selectinfer/runtime/model.py)
 // builds the user-facing Model on top of it.
 #include "engine.h"
 #include "gguf_meta.h"

@@ -10,7 +10,7 @@
 //          so the greedy choice is the best one).
 //
 // One definition for the engine (neuron_selection.cpp) and for the bytes-read count of the
-// benchmarks (python/selectinfer/bench.py, through the bindings).
+// benchmarks (python/selectinfer/evaluation/bench.py, through the bindings).
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,8 @@
 """selectinfer: run LLMs on devices too small for them by loading and computing only the FFN
 neurons that matter, on a pinned and patched llama.cpp."""
 from ._native import ContextOverflowError, ModelLoadError
-from .model import Model
-from .registry import MODELS, pull, quantize
+from ._version import __version__
+from .runtime.model import Model
+from .runtime.registry import MODELS, pull, quantize
 
 __all__ = ["Model", "ModelLoadError", "ContextOverflowError", "MODELS", "pull", "quantize"]
-__version__ = "0.1.0"

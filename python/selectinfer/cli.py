@@ -9,9 +9,10 @@ import json
 import os
 import sys
 
-from . import _native, registry
-from .convert import DEFAULT_STATIC_RATIO
-from .paths import atomic_path
+from . import _native
+from .method.convert import DEFAULT_STATIC_RATIO, SUPPORTED_ARCHS
+from .runtime import registry
+from .runtime.paths import atomic_path
 
 
 def _cmd_pull(args: argparse.Namespace) -> None:
@@ -23,7 +24,7 @@ def _cmd_quantize(args: argparse.Namespace) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> None:
-    from .bench import format_table, run_bench
+    from .evaluation.bench import format_table, run_bench
 
     repack = {"on": (True,), "off": (False,), "both": (True, False)}[args.repack]
     flash_attn = {"auto": (None,), "on": (True,), "off": (False,), "both": (True, False)}[args.flash_attn]
@@ -36,18 +37,20 @@ def _cmd_bench(args: argparse.Namespace) -> None:
           f"threads {args.threads or 'all'}" + (f", GPU layers {args.gpu_layers}" if args.gpu_layers else ""))
     print(format_table(results))
     if args.json:
-        from .bench import results_json
+        from .evaluation.bench import results_json
+        from .evaluation.provenance import provenance
 
         with atomic_path(args.json) as tmp:
-            tmp.write_text(json.dumps({"n_prompt": args.n_prompt, "n_gen": args.n_gen, "repeats": args.repeats,
-                                       "threads": args.threads, "gpu_layers": args.gpu_layers,
+            tmp.write_text(json.dumps({"provenance": provenance(args.threads, args.argv), "n_prompt": args.n_prompt,
+                                       "n_gen": args.n_gen, "repeats": args.repeats, "threads": args.threads,
+                                       "gpu_layers": args.gpu_layers,
                                        "devices": _native.compute_devices(), "results": results_json(results)},
                                       indent=1))
 
 
 def _cmd_limit(args: argparse.Namespace) -> int:
-    from .convert import parse_size
-    from .memlimit import run_limited
+    from .method.convert import parse_size
+    from .runtime.memlimit import run_limited
 
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not cmd:
@@ -65,7 +68,7 @@ def _cmd_limit(args: argparse.Namespace) -> int:
 
 
 def _cmd_profile(args: argparse.Namespace) -> None:
-    from .profiler import profile_model
+    from .method.profiler import profile_model
 
     profile = profile_model(args.model, args.data, args.output, max_prompts=args.max_prompts,
                            max_new_tokens=args.max_new_tokens, n_ctx=args.ctx_size, n_threads=args.threads,
@@ -76,8 +79,8 @@ def _cmd_profile(args: argparse.Namespace) -> None:
 
 
 def _cmd_profile_report(args: argparse.Namespace) -> None:
-    from .profile_report import overlap_table, write_report
-    from .profiles import Profile
+    from .method.profile_report import overlap_table, write_report
+    from .method.profiles import Profile
 
     profile = Profile.load(args.profile)
     for path in write_report(profile, args.output):
@@ -87,7 +90,7 @@ def _cmd_profile_report(args: argparse.Namespace) -> None:
 
 
 def _cmd_convert(args: argparse.Namespace) -> None:
-    from .convert import convert
+    from .method.convert import convert
 
     r = convert(args.model, args.output, profile=args.profile, task=args.task, load_ratio=args.load_ratio,
                 static_ratio=args.static_ratio, layers=args.layers, ranking=args.ranking, seed=args.seed,
@@ -97,13 +100,13 @@ def _cmd_convert(args: argparse.Namespace) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> None:
-    from .convert import inspect
+    from .method.convert import inspect
 
     print(inspect(args.file))
 
 
 def _cmd_random_model(args: argparse.Namespace) -> None:
-    from .synthetic import make_model
+    from .evaluation.synthetic import make_model
 
     make_model(args.output, args.shape, weight_type=args.type, seed=args.seed, progress=True)
     print(args.output)
@@ -125,7 +128,8 @@ EVAL_QUICK = {"n": 10, "gammas": [0.7], "phis": [0.4], "select_by": ["value"], "
 def _cmd_eval_report(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from .eval_report import merge_reports, write_report
+    from .evaluation.eval_report import merge_reports, write_report
+    from .evaluation.provenance import provenance
 
     reports = []
     for run in args.runs:
@@ -133,16 +137,18 @@ def _cmd_eval_report(args: argparse.Namespace) -> None:
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: give the output folders of `selectinfer eval` runs")
         reports.append(json.loads(path.read_text()))
-    for path in write_report(merge_reports(reports), Path(args.output)):
+    merged = merge_reports(reports)
+    merged["provenance"] = provenance(None, args.argv)
+    for path in write_report(merged, Path(args.output)):
         print(path)
 
 
 def _cmd_eval(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from .convert import parse_size
-    from .evaluate import run_eval
-    from .model import STEP_STRATEGIES
+    from .method.convert import parse_size
+    from .evaluation.evaluate import run_eval
+    from .runtime.model import STEP_STRATEGIES
 
     preset = EVAL_QUICK if args.quick else EVAL_FULL
     for name, value in preset.items():  # what the command line leaves open, the mode decides
@@ -154,7 +160,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     if args.profile:
         profile = Path(args.profile)
     elif tasks:  # the engine's own profile of this model (selectinfer prepare's, cached)
-        from .prepare import cached_profile
+        from .method.prepare import cached_profile
 
         profile = cached_profile(source, max_prompts=args.profile_prompts, n_threads=args.threads,
                                  input_moments=args.predictor_rank > 0 or any(r in STEP_STRATEGIES for r in args.select_by))
@@ -166,7 +172,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         n_gen=args.n_gen, memory_limit_bytes=parse_size(args.memory_limit) if args.memory_limit else None,
         repack=not args.no_repack, prepare_budget=args.prepare_budget, n_ctx=args.ctx_size,
         predictor_rank=args.predictor_rank, layer_budgets=args.layer_budgets, compensation=args.compensation,
-        command="selectinfer " + " ".join(sys.argv[1:]))
+        argv=args.argv)
     for path in written:
         print(path)
 
@@ -174,7 +180,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
 def _cmd_prepare(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from .prepare import prepare
+    from .method.prepare import prepare
 
     source = Path(args.model) if Path(args.model).is_file() else registry.pull(args.model, quiet=True)
     r = prepare(source, args.output, task=args.task, memory_budget=args.memory_budget, load_ratio=args.load_ratio,
@@ -189,7 +195,7 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
 
 def _lm_eval(lm_eval_args: list[str]) -> int:
     try:
-        from .lm_eval_adapter import main as lm_eval_main
+        from .evaluation.lm_eval_adapter import main as lm_eval_main
     except ImportError as e:
         raise RuntimeError(f"lm-eval is not installed ({e}): pip install 'selectinfer[eval]' (or lm-eval)") from None
     return lm_eval_main(lm_eval_args)
@@ -212,7 +218,7 @@ def _cmd_info(args: argparse.Namespace) -> None:
     if not gpus:
         print("GPU: none (a CUDA build, SELECTINFER_CUDA=ON, offloads layers to NVIDIA GPUs with -ngl)")
     if args.model:
-        from .model import Model
+        from .runtime.model import Model
 
         for repack in (True, False):
             with Model(args.model, n_ctx=256, repack=repack) as m:
@@ -221,7 +227,7 @@ def _cmd_info(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .model import LAYER_BUDGETS, SELECTION_RULES, STRATEGIES
+    from .runtime.model import LAYER_BUDGETS, SELECTION_RULES, STRATEGIES
 
     parser = argparse.ArgumentParser(prog="selectinfer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -295,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_profile_report)
 
     p = sub.add_parser("convert", help="write a SelectInfer GGUF that keeps only the neurons that matter (step 2)")
-    p.add_argument("model", help="dense GGUF model (llama or qwen2)")
+    p.add_argument("model", help=f"dense GGUF model ({', '.join(SUPPORTED_ARCHS)})")
     p.add_argument("-o", "--output", required=True, help="SelectInfer GGUF to write")
     p.add_argument("--profile", help="profile of this model (selectinfer profile)")
     p.add_argument("--task", help="task whose base ranking gives the static neurons")
@@ -319,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.set_defaults(func=_cmd_inspect)
 
-    from .synthetic import SHAPES, WEIGHT_TYPES
+    from .evaluation.synthetic import SHAPES, WEIGHT_TYPES
 
     p = sub.add_parser("random-model", help="write a random-weight GGUF of a known shape (for speed/memory benchmarks)")
     p.add_argument("shape", choices=sorted(SHAPES))
@@ -427,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"selectinfer: error: {e}", file=sys.stderr)
             return 1
     args = build_parser().parse_args(argv)
+    args.argv = argv  # (provenance of result files)
     try:
         code = args.func(args)
     except (OSError, ValueError, RuntimeError) as e:

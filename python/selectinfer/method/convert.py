@@ -47,8 +47,8 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from tqdm import tqdm
 
-from . import _native
-from .paths import atomic_path, sha256_file
+from .. import _native
+from ..runtime.paths import atomic_path, sha256_file
 from .profiles import Profile
 
 SI_FORMAT_VERSION = 2

@@ -13,15 +13,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from . import _native
-from .convert import NEURON_SHARES_KEY
-from .model import STEP_STRATEGIES, Model
-
-BENCH_TEXT = (
-    "The history of the city begins with a small settlement on the river, where traders met to exchange "
-    "grain, salt and cloth. Over the centuries the market grew into a town, the town into a city, and the "
-    "city into the capital of a kingdom whose roads reached every corner of the land. "
-)
+from .. import _native
+from ..method.convert import NEURON_SHARES_KEY
+from ..runtime.model import STEP_STRATEGIES, Model
+from ..runtime.timing import one_run, prompt_tokens
 
 
 @dataclass
@@ -40,22 +35,6 @@ class BenchResult:
     @property
     def decode_median(self) -> float:
         return statistics.median(self.decode_tokens_per_s)
-
-
-def prompt_tokens(model: Model, n_prompt: int) -> list[int]:
-    tokens = model.tokenize(BENCH_TEXT * (1 + n_prompt // 32))
-    return tokens[:n_prompt]
-
-
-def one_run(model: Model, prompt: list[int], n_gen: int) -> tuple[float, float]:
-    """Prefill `prompt`, then exactly n_gen greedy decode steps (end-of-text is ignored)."""
-    model.engine.clear()
-    model.reset_stats()
-    if model.engine.profiling:
-        model.activation_sums(reset=True)
-    model.decode_tokens(prompt, n_gen)
-    s = model.stats()
-    return s["prefill_tokens_per_s"], s["decode_tokens_per_s"]
 
 
 @dataclass

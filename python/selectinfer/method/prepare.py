@@ -19,7 +19,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .paths import cache_dir, sha256_file
+from ..runtime.child_run import Config, RunRequest, run_in_child
+from ..runtime.paths import cache_dir, sha256_file
 
 MAX_FIT_ROUNDS = 8
 CLOSE_BELOW = 0.02  # a fitted process peaks within 2% below the budget, where the file's steps allow
@@ -59,9 +60,7 @@ def budget_workload(n_ctx: int) -> dict:
 
 def measure_peak_rss(model_path: str | os.PathLike, n_ctx: int, n_threads: int = 0) -> int:
     """Peak RSS of a fresh process that loads the model with an n_ctx context and runs
-    budget_workload (evaluate.run_config, in a child of its own)."""
-    from .evaluate import Config, RunRequest, run_in_child
-
+    budget_workload (runtime.child_run, in a child of its own)."""
     speed = budget_workload(n_ctx)
     with tempfile.TemporaryDirectory() as runs:
         rec = run_in_child(RunRequest(Config("prepare", "measure", str(model_path)), [], 0, n_threads, n_ctx, speed),

@@ -13,8 +13,8 @@ import numpy as np
 from tqdm import tqdm
 from gguf import GGMLQuantizationType, GGUFWriter, TokenType
 
-from . import _native
-from .paths import atomic_path
+from .. import _native
+from ..runtime.paths import atomic_path
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
@@ -121,11 +121,6 @@ def random_tensor(name: str, dims: tuple[int, ...], seed: int, index: int) -> np
         return values
     values *= np.float32(1.0 / np.sqrt(dims[1]))
     return values
-
-
-def random_weights(shape: ModelShape, seed: int = 0) -> dict[str, np.ndarray]:
-    """All weights in memory (small models); write_gguf makes large ones tensor by tensor."""
-    return {name: random_tensor(name, dims, seed, i) for i, (name, dims) in enumerate(tensor_shapes(shape).items())}
 
 
 def _stored(dims: tuple[int, ...], qtype: GGMLQuantizationType) -> tuple[tuple[int, ...], np.dtype, int, bool]:

@@ -13,7 +13,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from . import _native
+from .. import _native
 
 
 def _check_max_tokens(max_tokens: int) -> None:

@@ -20,8 +20,8 @@ from typing import Protocol
 import numpy as np
 from tqdm import tqdm
 
-from .model import Model
-from .paths import atomic_path, sha256_file
+from ..runtime.model import Model
+from ..runtime.paths import atomic_path, sha256_file
 from .profiles import DatasetStats, ModelInfo, Profile
 from .tasks import Dataset, format_prompt, load_dataset, sample_examples
 

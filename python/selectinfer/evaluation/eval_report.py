@@ -222,12 +222,13 @@ def merge_reports(reports: list[dict]) -> dict:
                 rows.append(row)
     meta = dict(first)
     meta["command"] = " ; ".join(r["meta"]["command"] for r in reports)
-    meta["runs"] = [{"command": r["meta"]["command"], "profile": r["meta"].get("profile")} for r in reports]
+    meta["runs"] = [{"command": r["meta"]["command"], "profile": r["meta"].get("profile"),
+                     "provenance": r.get("provenance")} for r in reports]
     return {"meta": meta, "configurations": rows}
 
 
 def write_report(report: dict, out_dir: Path) -> list[Path]:
-    from .paths import atomic_path
+    from ..runtime.paths import atomic_path
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "results.json", out_dir / "results.md"]

@@ -19,22 +19,23 @@ paired difference against the original model on the same examples (metrics.py).
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import os
-import re
-import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from . import _native, metrics
-from .convert import DEFAULT_STATIC_RATIO as DEFAULT_DELTA
-from .model import SELECTION_RULES, STEP_STRATEGIES
-from .tasks import format_prompt, load_dataset, sample_examples
+from .. import _native
+from ..method.convert import DEFAULT_STATIC_RATIO as DEFAULT_DELTA
+from ..method.prepare import budget_workload, prepare
+from ..method.tasks import format_prompt, load_dataset, sample_examples
+from ..runtime import child_run
+from ..runtime.child_run import Config, RunRequest
+from ..runtime.model import SELECTION_RULES, STEP_STRATEGIES
+from . import metrics
+from .provenance import cpu_features, cpu_name, provenance
 
 # task -> (built-in data set, tokens generated per example; None: scored, not generated)
 TASKS = {
@@ -45,18 +46,6 @@ TASKS = {
 }
 QUANT_TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K_M")
 FLOAT_TYPES = ("F32", "F16", "BF16")
-
-
-@dataclass
-class Config:
-    label: str
-    family: str  # original, quantized, selectinfer, coreinfer, random
-    path: str
-    model_kwargs: dict = field(default_factory=dict)
-    weight_type: str = ""
-    gamma: float | None = None
-    phi: float | None = None  # None: every loaded neuron
-    select_by: str | None = None
 
 
 # --- configurations ------------------------------------------------------------------------------
@@ -121,8 +110,8 @@ def build_configs(source: Path, out_dir: Path, *, profile: Path | None, task: st
     layer_budgets: the main grid's configurations at each phi with each of these ("uniform", "profile");
     compensation: "on" (the engine's default: dropped-neuron compensation where the file has the
     gate statistics) and/or "off", for the rules whose decode steps choose (STEP_STRATEGIES)."""
-    from .convert import convert
-    from .registry import quantize
+    from ..method.convert import convert
+    from ..runtime.registry import quantize
 
     models = out_dir / "models"
     source_type = file_type_name(source)
@@ -191,23 +180,9 @@ def _continuation_nll(model, example: dict, max_tokens: int) -> tuple[float, int
     return -float(logprobs.sum()), len(logprobs)
 
 
-@dataclass
-class RunRequest:
-    """What one child process does for one configuration."""
-    config: Config
-    tasks: list[str]
-    n: int
-    n_threads: int = 0
-    n_ctx: int = 2048
-    speed: dict | None = None  # {"n_prompt", "n_gen", "rounds"}: timed in this process (not interleaved)
-    memory_limit_bytes: int | None = None  # run under a cgroup memory limit (memlimit.py)
-
-
 def prepared_config(source: Path, out_dir: Path, budget: str, task: str, profile: Path | None, n_ctx: int,
                     n_threads: int, progress: bool) -> Config:
     """The SelectInfer file `selectinfer prepare` fits to the budget (made once, then reused)."""
-    from .prepare import prepare
-
     path = out_dir / "models" / f"{source.stem}.prepared-{budget}-ctx{n_ctx}.gguf"
     _made(path, lambda p: prepare(source, p, task=task, memory_budget=budget, n_ctx=n_ctx, n_threads=n_threads,
                                   profile=profile, progress=progress), [source] + ([profile] if profile else []))
@@ -216,70 +191,25 @@ def prepared_config(source: Path, out_dir: Path, budget: str, task: str, profile
                   gamma=gamma)
 
 
-def run_config(req: RunRequest) -> dict:
-    """The records of one configuration: per task the generations or token NLLs of each example;
-    the peak RSS; with req.speed, prefill and decode tokens/s (medians of the rounds)."""
-    import resource
-    import statistics
-
-    from .bench import one_run, prompt_tokens
-    from .model import Model
-
+def run_tasks(model, req: RunRequest) -> dict:
+    """Per task of the request, the generations or token NLLs of each example (in the child)."""
     records: dict = {}
-    with Model(req.config.path, n_ctx=req.n_ctx, n_threads=req.n_threads, **req.config.model_kwargs) as model:
-        for task in req.tasks:
-            examples = task_examples(task, req.n)
-            max_tokens = TASKS[task][1]
-            if max_tokens is None:
-                scored = [_continuation_nll(model, ex, req.n_ctx // 2) for ex in examples]
-                records[task] = {"nll": [s[0] for s in scored], "n_tokens": [s[1] for s in scored]}
-            else:
-                records[task] = {"outputs": [_generate(model, ex, max_tokens) for ex in examples]}
-            records[task]["ids"] = [ex["id"] for ex in examples]
-        if req.speed:
-            prompt = prompt_tokens(model, req.speed["n_prompt"])
-            one_run(model, prompt, 4)  # warm-up: page in the weights
-            faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
-            runs = [one_run(model, prompt, req.speed["n_gen"]) for _ in range(req.speed["rounds"])]
-            records["_speed"] = {"prefill_tokens_per_s": statistics.median(r[0] for r in runs),
-                                 "decode_tokens_per_s": statistics.median(r[1] for r in runs)}
-            # pages read from disk again while timed: a model that fits its memory reads none
-            records["_major_faults_timed"] = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults
-        records["_peak_rss_bytes"] = model.stats()["peak_rss_bytes"]
+    for task in req.tasks:
+        examples = task_examples(task, req.n)
+        max_tokens = TASKS[task][1]
+        if max_tokens is None:
+            scored = [_continuation_nll(model, ex, req.n_ctx // 2) for ex in examples]
+            records[task] = {"nll": [s[0] for s in scored], "n_tokens": [s[1] for s in scored]}
+        else:
+            records[task] = {"outputs": [_generate(model, ex, max_tokens) for ex in examples]}
+        records[task]["ids"] = [ex["id"] for ex in examples]
     return records
 
 
 def run_in_child(req: RunRequest, runs: Path) -> dict:
-    """run_config in a fresh Python process (its peak RSS is this configuration's), under the
-    request's memory limit if any. The records are kept in `runs` under a digest of the request and
-    of the model file, and reused by a later run. A failure is recorded as {"_error": message}."""
-    from .memlimit import run_limited
-    from .paths import atomic_path
-
-    request = json.dumps(asdict(req), sort_keys=True)
-    stat = Path(req.config.path).stat()
-    key = hashlib.sha256(f"{request}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:20]
-    out_json, request_json = runs / f"{key}.json", runs / f"{key}.request.json"
-    if out_json.exists():
-        return json.loads(out_json.read_text())
-    with atomic_path(request_json) as tmp:
-        tmp.write_text(request)
-    cmd = [sys.executable, "-m", "selectinfer.evaluate", str(request_json), str(out_json)]
-    if req.memory_limit_bytes:
-        done = run_limited(cmd, req.memory_limit_bytes, evict=[req.config.path])
-        peak = done.peak_bytes
-    else:
-        done, peak = subprocess.run(cmd, text=True, capture_output=True), None
-    if done.returncode != 0:
-        tail = (done.stderr or "").strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
-        if done.returncode < 0 and req.memory_limit_bytes:
-            tail = [f"killed by signal {-done.returncode} under the memory limit"]
-        return {"_error": tail[0]}
-    records = json.loads(out_json.read_text())
-    if peak is not None:
-        records["_cgroup_peak_bytes"] = peak
-        out_json.write_text(json.dumps(records))
-    return records
+    """child_run.run_in_child with this module's tasks in the child; a request without tasks runs in
+    child_run's own process, the one `prepare` measures a file's peak in (a few MiB lighter)."""
+    return child_run.run_in_child(req, runs, module=__name__ if req.tasks else child_run.__name__)
 
 
 # --- metrics ---------------------------------------------------------------------------------------
@@ -359,16 +289,7 @@ def measure_speed(configs: list[Config], read: list[int], n_prompt: int, n_gen: 
 # --- the whole run ------------------------------------------------------------------------------------
 def cpu_description() -> str:
     """The CPU's model name and the features ggml uses on it (selectinfer info)."""
-    name = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    features = re.findall(r"(\w+) = 1", _native.system_info())
-    return f"{name} ({', '.join(features)}; {os.cpu_count()} hardware threads)"
+    return f"{cpu_name() or 'unknown CPU'} ({', '.join(cpu_features())}; {os.cpu_count()} hardware threads)"
 
 
 def _ram_bytes() -> int:
@@ -380,8 +301,8 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
              si_quants=("Q4_0", "Q8_0"), delta: float = DEFAULT_DELTA, baselines: bool = True, tasks=tuple(TASKS),
              n: int = 40, n_threads: int = 0,
              speed_rounds: int = 3, n_prompt: int = 64, n_gen: int = 32, n_bootstrap: int = metrics.N_BOOTSTRAP,
-             n_ctx: int = 2048, memory_limit_bytes: int | None = None, repack: bool = True, command: str = "",
-             prepare_budget: str | None = None, predictor_rank: int = 0, layer_budgets=("uniform",),
+             n_ctx: int = 2048, memory_limit_bytes: int | None = None, repack: bool = True,
+             argv: list[str] | None = None, prepare_budget: str | None = None, predictor_rank: int = 0, layer_budgets=("uniform",),
              compensation=("on",), progress: bool = True) -> tuple[dict, list[Path]]:
     """Builds the grid's files, runs every configuration in a child process of its own (tasks; speed
     too where it is not interleaved), the interleaved speed rounds, and writes the report; returns
@@ -396,7 +317,8 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
     prepare_budget (e.g. "200M"): also the SelectInfer file `selectinfer prepare` fits to that
     budget at n_ctx, run under a memory limit equal to the budget with the workload its peak was
     measured with (prepare.budget_workload), counting the pages read again from disk while timed
-    (none when it fits)."""
+    (none when it fits). argv: the command's arguments, for the report's provenance (default
+    sys.argv[1:])."""
     from tqdm import tqdm
 
     from .eval_report import write_report
@@ -413,8 +335,7 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
                             select_by=list(select_by), quants=list(quants), si_quants=list(si_quants),
                             delta=delta, baselines=baselines, predictor_rank=predictor_rank,
                             layer_budgets=list(layer_budgets), compensation=list(compensation), progress=progress)
-    from .convert import parse_size
-    from .prepare import budget_workload
+    from ..method.convert import parse_size
 
     limits = {}  # configuration label -> its own memory limit
     if prepare_budget:
@@ -461,8 +382,10 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
         if "_error" in rec:
             row["error"] = rec["_error"]
         rows.append(row)
-    report = {"meta": {"source": source.name, "cpu": cpu_description(), "threads": n_threads or os.cpu_count(),
-                       "command": command, "tasks": list(tasks), "n": n, "n_bootstrap": n_bootstrap,
+    origin = provenance(n_threads, argv)
+    report = {"provenance": origin,
+              "meta": {"source": source.name, "cpu": cpu_description(), "threads": n_threads or os.cpu_count(),
+                       "command": origin["command"], "tasks": list(tasks), "n": n, "n_bootstrap": n_bootstrap,
                        "profile": str(profile) if profile else None, "profile_task": task,
                        "memory_limit_bytes": memory_limit_bytes, "repack": repack,
                        "speed": {"rounds": speed_rounds, "n_prompt": n_prompt, "n_gen": n_gen,
@@ -471,16 +394,5 @@ def run_eval(source: Path, out_dir: Path, *, profile: Path | None = None, task: 
     return report, write_report(report, out_dir)
 
 
-def child_main(request_json: str, out_json: str) -> int:
-    from .paths import atomic_path
-
-    raw = json.loads(Path(request_json).read_text())
-    req = RunRequest(**{**raw, "config": Config(**raw["config"])})
-    records = run_config(req)
-    with atomic_path(Path(out_json)) as tmp:
-        Path(tmp).write_text(json.dumps(records))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(child_main(sys.argv[1], sys.argv[2]))
+    sys.exit(child_run.child_main(sys.argv[1], sys.argv[2], run_tasks))

@@ -11,7 +11,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import _native
+from .. import _native
 from .fetch import pip_download
 from .paths import atomic_path, cache_dir, sha256_file
 

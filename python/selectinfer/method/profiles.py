@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .paths import atomic_path
+from ..runtime.paths import atomic_path
 
 FORMAT = "selectinfer-profile"
 FORMAT_VERSION = 1

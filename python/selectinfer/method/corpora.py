@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .fetch import FetchError, apt_download, deb_extract, pip_download
-from .paths import atomic_path, cache_dir
+from ..runtime.fetch import FetchError, apt_download, deb_extract, pip_download
+from ..runtime.paths import atomic_path, cache_dir
 
 EVAL_FRACTION_PERCENT = 20
 FORMAT_VERSION = 1  # bump to rebuild every cached corpus
