@@ -20,11 +20,17 @@ def test_the_record_has_every_key_and_the_command_round_trips():
     assert p["cpu"] is None or isinstance(p["cpu"], str) and p["cpu"]
 
 
-def test_the_commit_is_the_checkouts_when_the_package_runs_from_one():
-    root = Path(provenance.__file__).resolve().parents[3]
-    if (root / "pyproject.toml").is_file() and (root / ".git").exists():  # python/selectinfer of a checkout
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True).stdout.strip()
-        assert provenance.source_commit() == (head or None)
-    else:  # installed
-        assert provenance.source_commit() is None
+def test_the_commit_is_the_one_the_engine_was_built_from():
+    """A build from a git checkout records its commit (git describe, "-dirty" with uncommitted
+    changes): a commit this repository holds."""
+    import re
+
+    commit = provenance.source_commit()
+    if commit is None:
+        assert selectinfer._native.BUILD_COMMIT == ""
+        return
+    match = re.fullmatch(r"([0-9a-f]{7,40})(-dirty)?", commit)
+    assert match, commit
+    root = Path(__file__).resolve().parents[1]
+    known = subprocess.run(["git", "-C", str(root), "cat-file", "-e", match.group(1) + "^{commit}"], capture_output=True)
+    assert known.returncode == 0, f"{commit} is not a commit of {root}"

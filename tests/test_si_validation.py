@@ -8,6 +8,7 @@ from gguf import GGUFValueType as V
 from helpers import gguf_fields, gguf_tensors, make_si_model, write_gguf
 
 from selectinfer import Model, ModelLoadError, _native
+from selectinfer.runtime.si_format import key
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def arr(values, item=V.INT32):
 
 
 def ids_of(fields, il):
-    return list(fields[f"selectinfer.neuron_ids.{il}"][1])
+    return list(fields[key("neuron_ids", il)][1])
 
 
 # (what is changed, the message it must give)
@@ -306,30 +307,47 @@ def test_a_message_quoting_bytes_from_the_file_is_still_text(si_parts, tmp_path)
         Model(write_gguf(tmp_path / "bad.gguf", changed, tensors), n_ctx=64)
 
 
-def test_the_reader_and_the_writer_agree_on_the_keys(si_parts):
-    """The keys cpp/si_gguf.cpp reads are the keys python/selectinfer/method/convert.py writes, and both
-    say the same format version (the format is defined twice, in two languages)."""
+def test_a_converted_file_holds_the_format_tables_keys(si_parts):
+    """The converter writes the keys of the engine's format table (cpp/llama/si_format.h): every
+    required one, at the table's version and type, and no selectinfer.* key the table lacks."""
+    from selectinfer import _native
+
+    _, fields, _ = si_parts
+    table = _native.FORMAT["keys"]
+    ours = {k for k in fields if k.startswith("selectinfer.")}
+    layers = list(fields[key("layers")][1])
+    names = {e["name"] + (str(il) if e["per_layer"] else "") for e in table.values()
+             for il in (layers if e["per_layer"] else [None])}
+    assert ours <= names, ours - names
+    for key_id, e in table.items():
+        if e["required"]:
+            for il in (layers if e["per_layer"] else [None]):
+                assert key(key_id, il) in fields, key_id
+    gguf_type = {"u32": V.UINT32, "f32": V.FLOAT32, "str": V.STRING, "arr_i32": V.ARRAY, "arr_f32": V.ARRAY}
+    for name in ours:
+        key_id = next(i for i, e in table.items() if name == e["name"] or (e["per_layer"] and name.startswith(e["name"])))
+        assert fields[name][0] == gguf_type[table[key_id]["type"]], name
+    assert fields[key("format_version")][1] == _native.FORMAT["version"]
+
+
+def test_no_format_key_is_spelled_outside_the_table():
+    """The format's keys are spelled once, in cpp/llama/si_format.h: the reader, the converter,
+    bench, eval and the scripts take them from it (grep for each key's name as a quoted string)."""
     import re
     from pathlib import Path
 
-    from selectinfer.method.convert import (GATE_MEAN_KEY, GATE_RMS_KEY, NEURON_SHARES_KEY, SI_FORMAT_VERSION, UP_MEAN_KEY,
-                                     UP_RMS_KEY, UP_SLOPE_KEY)
+    from selectinfer import _native
 
-    source = (Path(__file__).resolve().parent.parent / "cpp" / "si_gguf.cpp").read_text()
-    keys = re.findall(r'constexpr const char \* k\w+ += "(selectinfer\.[\w.]+)"', source)
-    _, fields, _ = si_parts
-    assert len(keys) >= 10
-    # written only from a profile (its ranking; its input moments), which this random-ranked file lacks
-    optional = (NEURON_SHARES_KEY, GATE_RMS_KEY, UP_SLOPE_KEY, GATE_MEAN_KEY, UP_MEAN_KEY, UP_RMS_KEY)
-    assert all(key in keys for key in optional)
-    for key in (k for k in keys if k not in optional):
-        if key.endswith("."):  # per-layer keys: selectinfer.neuron_ids.<layer>
-            assert any(k.startswith(key) for k in fields), key
-        else:
-            assert key in fields, key
-    version = re.search(r"constexpr uint32_t kFormatVersion = (\d+);", (Path(__file__).resolve().parent.parent /
-                                                                     "cpp" / "si_gguf.h").read_text())
-    assert int(version.group(1)) == SI_FORMAT_VERSION == fields["selectinfer.format_version"][1]
+    root = Path(__file__).resolve().parent.parent
+    table = root / "cpp" / "llama" / "si_format.h"
+    sources = [p for folder in ("cpp", "python", "scripts") for p in (root / folder).rglob("*")
+               if p.suffix in (".h", ".cpp", ".cu", ".cuh", ".py", ".sh") and p != table]
+    names = [e["name"] for e in _native.FORMAT["keys"].values()]
+    spelled = re.compile("[\"']" + "(" + "|".join(re.escape(n) for n in names) + ")")
+    found = [f"{p.relative_to(root)}:{n}: {line.strip()}" for p in sources
+             for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if spelled.search(line)]
+    assert not found, "\n".join(found)
+    assert spelled.search(table.read_text())  # the check would see a spelled key
 
 
 def test_gate_statistics_too_large_for_float32_are_refused(si_parts, tmp_path):

@@ -81,6 +81,7 @@ PYBIND11_MODULE(_native, m) {
     py::register_exception<ContextOverflowError>(m, "ContextOverflowError", PyExc_ValueError);
 
     m.def("llama_version", [] { return std::string(llama_version()); });
+    m.attr("BUILD_COMMIT") = SELECTINFER_COMMIT;  // empty where the source was not a git checkout
     m.def("system_info", [] {
         init_backends();  // a build that loads its CPU backend at run time has none before
         return std::string(llama_print_system_info());

@@ -10,7 +10,8 @@ import os
 import sys
 
 from . import _native
-from .method.convert import DEFAULT_STATIC_RATIO, SUPPORTED_ARCHS
+from .method.convert import DEFAULT_STATIC_RATIO
+from .runtime.si_format import ARCHITECTURES
 from .runtime import registry
 from .runtime.paths import atomic_path
 
@@ -301,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_profile_report)
 
     p = sub.add_parser("convert", help="write a SelectInfer GGUF that keeps only the neurons that matter (step 2)")
-    p.add_argument("model", help=f"dense GGUF model ({', '.join(SUPPORTED_ARCHS)})")
+    p.add_argument("model", help=f"dense GGUF model ({', '.join(ARCHITECTURES)})")
     p.add_argument("-o", "--output", required=True, help="SelectInfer GGUF to write")
     p.add_argument("--profile", help="profile of this model (selectinfer profile)")
     p.add_argument("--task", help="task whose base ranking gives the static neurons")

@@ -14,7 +14,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .. import _native
-from ..method.convert import NEURON_SHARES_KEY
+from ..runtime.si_format import key
 from ..runtime.model import STEP_STRATEGIES, Model
 from ..runtime.timing import one_run, prompt_tokens
 
@@ -68,11 +68,11 @@ def bench_configs(paths: list[str | Path], *, profiling: bool = False, compute_r
     for p in paths:
         header = _native.read_gguf_header(str(p))  # once per file
         name = Path(p).name
-        if "selectinfer.format_version" in header["kv"] and compute_ratios:
+        if key("format_version") in header["kv"] and compute_ratios:
             configs.append(BenchConfig(f"{name} (dense over loaded)", p, {"dense": True}, _bytes_read(header)))
             kv, eps = header["kv"], 1e-6
             for phi in compute_ratios:
-                if not kv["selectinfer.static_ratio"] - eps <= phi <= kv["selectinfer.load_ratio"] + eps:
+                if not kv[key("static_ratio")] - eps <= phi <= kv[key("load_ratio")] + eps:
                     continue
                 for strategy, budgets, comp in itertools.product(strategies or [None], layer_budgets or ["uniform"],
                                                                  compensation or ["on"]):
@@ -151,17 +151,17 @@ def layer_counts(header: dict, compute_ratio: float, strategy: str | None = None
     kv = header["kv"]
     sizes = {t["name"]: t["nbytes"] for t in header["tensors"]}
     widths = kv.get(f"{kv.get('general.architecture')}.feed_forward_length")
-    layers = list(kv.get("selectinfer.layers") or [])
+    layers = list(kv.get(key("layers")) or [])
     inputs = []
-    for il, n_static in zip(layers, kv.get("selectinfer.static_counts") or []):
+    for il, n_static in zip(layers, kv.get(key("static_counts")) or []):
         n_load = int(widths[il])
         n_gathered = n_load - n_static
         gate, up = (sizes[f"blk.{il}.{m}.weight"] / n_load for m in ("ffn_gate", "ffn_up"))
         down = sizes[f"blk.{il}.ffn_down_t.weight"] / n_gathered if n_gathered else 0
         neuron_bytes = (up + down if strategy == "gate-guided" else gate + up + down) if n_gathered else 1.0
-        shares = list(kv.get(f"{NEURON_SHARES_KEY}{il}") or []) if layer_budgets == "profile" else []
+        shares = list(kv.get(key("neuron_shares", il)) or []) if layer_budgets == "profile" else []
         inputs.append((n_load, max(1, n_static), neuron_bytes, shares))
-    counts = _native.layer_budget_sizes(inputs, compute_ratio, int(kv["selectinfer.original_feed_forward_length"]),
+    counts = _native.layer_budget_sizes(inputs, compute_ratio, int(kv[key("original_n")]),
                                         layer_budgets)
     return dict(zip(layers, counts))
 

@@ -33,6 +33,7 @@ from ..method.prepare import budget_workload, prepare
 from ..method.tasks import format_prompt, load_dataset, sample_examples
 from ..runtime import child_run
 from ..runtime.child_run import Config, RunRequest
+from ..runtime.si_format import key
 from ..runtime.model import SELECTION_RULES, STEP_STRATEGIES
 from . import metrics
 from .provenance import cpu_features, cpu_name, provenance
@@ -186,7 +187,7 @@ def prepared_config(source: Path, out_dir: Path, budget: str, task: str, profile
     path = out_dir / "models" / f"{source.stem}.prepared-{budget}-ctx{n_ctx}.gguf"
     _made(path, lambda p: prepare(source, p, task=task, memory_budget=budget, n_ctx=n_ctx, n_threads=n_threads,
                                   profile=profile, progress=progress), [source] + ([profile] if profile else []))
-    gamma = float(_native.read_gguf_header(str(path))["kv"]["selectinfer.load_ratio"])
+    gamma = float(_native.read_gguf_header(str(path))["kv"][key("load_ratio")])
     return Config(f"prepared to {budget} (gamma {gamma:.3f})", "prepared", str(path), {}, file_type_name(source),
                   gamma=gamma)
 

@@ -38,17 +38,9 @@ def cpu_features() -> list[str]:
 
 
 def source_commit() -> str | None:
-    """The short commit of the source checkout this package runs from (python/selectinfer in a git
-    work tree); None for an installed package."""
-    root = Path(__file__).resolve().parents[3]  # <root>/python/selectinfer/evaluation/provenance.py
-    if not (root / "pyproject.toml").is_file() or not (root / ".git").exists():
-        return None
-    try:
-        done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None if done.returncode == 0 else None
+    """The commit the engine was built from ("-dirty": with uncommitted changes); None where the
+    source was not a git checkout."""
+    return _native.BUILD_COMMIT or None
 
 
 def provenance(threads: int | None, argv: Sequence[str] | None = None) -> dict:

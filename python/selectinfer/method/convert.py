@@ -49,21 +49,10 @@ from tqdm import tqdm
 
 from .. import _native
 from ..runtime.paths import atomic_path, sha256_file
+from ..runtime.si_format import ARCHITECTURES, DEFAULT_COMPUTE_RATIO, DEFAULT_TOKEN_RATIO, FORMAT_VERSION, entry, key
 from .profiles import Profile
 
-SI_FORMAT_VERSION = 2
-PREDICTOR_RANK_KEY = "selectinfer.predictor_rank"  # u32, present only in files with a gate predictor
-NEURON_SHARES_KEY = "selectinfer.neuron_shares."  # + layer; in profile-ranked files only
-GATE_RMS_KEY = "selectinfer.gate_rms."  # + layer; from a profile with input moments (gate_stats)
-UP_SLOPE_KEY = "selectinfer.up_slope."  # + layer; with GATE_RMS_KEY
-GATE_MEAN_KEY = "selectinfer.gate_mean."  # + layer; with GATE_RMS_KEY, from a profile with input means (gate_means)
-UP_MEAN_KEY = "selectinfer.up_mean."  # + layer; with GATE_MEAN_KEY
-UP_RMS_KEY = "selectinfer.up_rms."  # + layer; with GATE_RMS_KEY
 PREDICTOR_RANK_STEP = 32  # Q8_0 blocks: the rank is the row length of pred_out
-# run-time defaults written into the file (the authors' reference values): phi and alpha
-DEFAULT_COMPUTE_RATIO = 0.4
-DEFAULT_TOKEN_RATIO = 0.2
-SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3")
 EXACT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 
 
@@ -384,13 +373,12 @@ def _gate_stats_keys(src: SourceGGUF, plans: dict[int, LayerPlan], moments: np.n
         gate = _dequantized_rows(src, by_name[f"blk.{il}.ffn_gate.weight"], plan.neuron_ids)
         up = _dequantized_rows(src, by_name[f"blk.{il}.ffn_up.weight"], plan.neuron_ids)
         rms, slope, up_rms = gate_stats(gate, up, moments[il])
-        keys += [(f"{GATE_RMS_KEY}{il}", "arr_f32", rms.tolist()), (f"{UP_SLOPE_KEY}{il}", "arr_f32", slope.tolist()),
-                 (f"{UP_RMS_KEY}{il}", "arr_f32", up_rms.tolist())]
+        keys += [entry("gate_rms", rms.tolist(), il), entry("up_slope", slope.tolist(), il),
+                 entry("up_rms", up_rms.tolist(), il)]
         if means is not None:
             gate_mean, up_mean = gate_means(gate, up, means[il])
             gate_mean = np.clip(gate_mean, -rms, rms)  # |E[g]| <= sqrt(E[g^2]), also after rounding
-            keys += [(f"{GATE_MEAN_KEY}{il}", "arr_f32", gate_mean.tolist()),
-                     (f"{UP_MEAN_KEY}{il}", "arr_f32", up_mean.tolist())]
+            keys += [entry("gate_mean", gate_mean.tolist(), il), entry("up_mean", up_mean.tolist(), il)]
     return keys
 
 
@@ -597,9 +585,9 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
     predictor_rank = int(predictor_rank)
     src = SourceGGUF(model_path)
     arch = src.get("general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise ConvertError(f"unsupported architecture '{arch}'; selectinfer converts {', '.join(SUPPORTED_ARCHS)}")
-    if src.get("selectinfer.format_version") is not None:
+    if arch not in ARCHITECTURES:
+        raise ConvertError(f"unsupported architecture '{arch}'; selectinfer converts {', '.join(ARCHITECTURES)}")
+    if src.get(key("format_version")) is not None:
         raise ConvertError(f"{model_path} is already a SelectInfer GGUF; convert the original model")
     n_layer = int(src.get(f"{arch}.block_count"))
     n_ff = int(src.get(f"{arch}.feed_forward_length"))
@@ -632,30 +620,30 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
     widths = [len(plans[il].neuron_ids) if il in plans else n_ff for il in range(n_layer)]
     keys = [
         (f"{arch}.feed_forward_length", "arr_u32", widths),
-        ("selectinfer.format_version", "u32", SI_FORMAT_VERSION),
-        ("selectinfer.task", "str", task or ""),
-        ("selectinfer.ranking", "str", ranking),
-        ("selectinfer.seed", "u32", seed),
-        ("selectinfer.load_ratio", "f32", float(load_ratio)),
-        ("selectinfer.static_ratio", "f32", float(static_ratio)),
-        ("selectinfer.static_count", "u32", next(iter(plans.values())).n_static),  # per sparsified layer
-        ("selectinfer.compute_ratio", "f32", float(min(load_ratio, max(static_ratio, DEFAULT_COMPUTE_RATIO)))),
-        ("selectinfer.token_ratio", "f32", DEFAULT_TOKEN_RATIO),
-        ("selectinfer.strategy", "str", strategy),
-        ("selectinfer.original_feed_forward_length", "u32", n_ff),
-        ("selectinfer.source_digest", "str", _DIGEST_PLACEHOLDER),
-        ("selectinfer.profile_digest", "str", sha256_file(profile) if prof else ""),
-        ("selectinfer.layers", "arr_i32", list(layer_range)),
-        ("selectinfer.static_counts", "arr_i32", [plans[il].n_static for il in layer_range]),
+        entry("format_version", FORMAT_VERSION),
+        entry("task", task or ""),
+        entry("ranking", ranking),
+        entry("seed", seed),
+        entry("load_ratio", float(load_ratio)),
+        entry("static_ratio", float(static_ratio)),
+        entry("static_count", next(iter(plans.values())).n_static),  # per sparsified layer
+        entry("compute_ratio", float(min(load_ratio, max(static_ratio, DEFAULT_COMPUTE_RATIO)))),
+        entry("token_ratio", DEFAULT_TOKEN_RATIO),
+        entry("strategy", strategy),
+        entry("original_n", n_ff),
+        entry("source_digest", _DIGEST_PLACEHOLDER),
+        entry("profile_digest", sha256_file(profile) if prof else ""),
+        entry("layers", list(layer_range)),
+        entry("static_counts", [plans[il].n_static for il in layer_range]),
     ]
     # neuron ids are metadata, not tensors: llama.cpp refuses files with tensors it does not use
-    keys += [(f"selectinfer.neuron_ids.{il}", "arr_i32", plans[il].neuron_ids.tolist()) for il in layer_range]
+    keys += [entry("neuron_ids", plans[il].neuron_ids.tolist(), il) for il in layer_range]
     if ranking == "profile":
         scores = prof.model_scores()
-        keys += [(f"{NEURON_SHARES_KEY}{il}", "arr_f32", neuron_shares(scores[il], plans[il].neuron_ids).tolist())
+        keys += [entry("neuron_shares", neuron_shares(scores[il], plans[il].neuron_ids).tolist(), il)
                  for il in layer_range]
     if predictor_rank > 0:
-        keys.append((PREDICTOR_RANK_KEY, "u32", predictor_rank))
+        keys.append(entry("predictor_rank", predictor_rank))
     if prof is not None and prof.input_moments is not None:
         keys += _gate_stats_keys(src, plans, prof.input_moments, prof.input_means)
     tensors = _output_tensors(src, plans, predictor_rank)
@@ -698,43 +686,44 @@ def inspect(path: str | os.PathLike) -> str:
     total = sum(t["nbytes"] for t in src.tensors)
     lines = [f"file          {path} ({path.stat().st_size / 2**20:.1f} MiB, tensors {total / 2**20:.1f} MiB)",
              f"architecture  {arch}, {n_layer} layers, FFN weight types {', '.join(ffn_types)}"]
-    version = src.get("selectinfer.format_version")
+    version = src.get(key("format_version"))
     if version is None:
         lines.append("selectinfer   none: a dense model")
         return "\n".join(lines)
-    layers = list(src.get("selectinfer.layers"))
-    statics = dict(zip(layers, src.get("selectinfer.static_counts")))
-    n_orig = int(src.get("selectinfer.original_feed_forward_length"))
+    layers = list(src.get(key("layers")))
+    statics = dict(zip(layers, src.get(key("static_counts"))))
+    n_orig = int(src.get(key("original_n")))
+    first = layers[0]
     lines += [
-        f"selectinfer   format v{version}, task '{src.get('selectinfer.task')}', ranking {src.get('selectinfer.ranking')}",
-        f"ratios        load (gamma) {src.get('selectinfer.load_ratio'):.3f}, "
-        f"static (delta) {src.get('selectinfer.static_ratio'):.3f} of the original {n_orig} neurons",
+        f"selectinfer   format v{version}, task '{src.get(key('task'))}', ranking {src.get(key('ranking'))}",
+        f"ratios        load (gamma) {src.get(key('load_ratio')):.3f}, "
+        f"static (delta) {src.get(key('static_ratio')):.3f} of the original {n_orig} neurons",
         f"sparsified    layers {layers[0]}..{layers[-1]} ({len(layers)} of {n_layer})",
-        f"defaults      strategy {src.get('selectinfer.strategy') or 'frequency'}, compute (phi) "
-        f"{src.get('selectinfer.compute_ratio', -1):.3f}, token (alpha) {src.get('selectinfer.token_ratio', -1):.3f}",
-        f"source        sha256 {src.get('selectinfer.source_digest')}",
-        f"profile       sha256 {src.get('selectinfer.profile_digest') or '(random ranking)'}",
+        f"defaults      strategy {src.get(key('strategy')) or 'frequency'}, compute (phi) "
+        f"{src.get(key('compute_ratio'), -1):.3f}, token (alpha) {src.get(key('token_ratio'), -1):.3f}",
+        f"source        sha256 {src.get(key('source_digest'))}",
+        f"profile       sha256 {src.get(key('profile_digest')) or '(random ranking)'}",
         f"predictor     {_predictor_summary(src)}",
         "budgets       uniform" + (", or per layer by the profile's neuron shares (layer_budgets=profile)"
-                                   if src.get(f"{NEURON_SHARES_KEY}{layers[0]}") is not None else ""),
-        "compensation " + (" gate statistics" + (" and means" if src.get(f"{GATE_MEAN_KEY}{layers[0]}") is not None
+                                   if src.get(key("neuron_shares", first)) is not None else ""),
+        "compensation " + (" gate statistics" + (" and means" if src.get(key("gate_mean", first)) is not None
                                                    else "") +
                            ": gate-guided and predicted add the dropped neurons' expected output"
-                           if src.get(f"{GATE_RMS_KEY}{layers[0]}") is not None
+                           if src.get(key("gate_rms", first)) is not None
                            else " none (no gate statistics: convert from a profile with input moments)"),
         "step choice   " + ("|act(gate)| times each neuron's up rms (gate-guided, predicted)"
-                            if src.get(f"{UP_RMS_KEY}{layers[0]}") is not None else "|act(gate)| (gate-guided, predicted)"),
+                            if src.get(key("up_rms", first)) is not None else "|act(gate)| (gate-guided, predicted)"),
         "layer  width  static  profiled mass loaded",
     ]
     for il in range(n_layer):
-        shares = src.get(f"{NEURON_SHARES_KEY}{il}")
+        shares = src.get(key("neuron_shares", il)) if il in statics else None
         mass = f"{100 * float(np.sum(shares)):.1f}%" if shares is not None else "-"
         lines.append(f"{il:5d}  {int(widths[il]):5d}  {statics.get(il, '-')!s:>6}  {mass:>20}")
     return "\n".join(lines)
 
 
 def _predictor_summary(src: SourceGGUF) -> str:
-    rank = src.get(PREDICTOR_RANK_KEY)
+    rank = src.get(key("predictor_rank"))
     if rank is None:
         return "none"
     types = sorted({GGMLQuantizationType(t["type"]).name for t in src.tensors if ".ffn_gate_pred_" in t["name"]})
