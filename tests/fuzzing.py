@@ -19,7 +19,7 @@ from gguf import GGUFValueType as V
 
 from helpers import gguf_fields, gguf_tensors, make_si_model, write_gguf
 
-from selectinfer.runtime.si_format import key
+from selectinfer.runtime.si_format import key as si_key
 
 KINDS = ["value", "remove", "array", "tensor_shape", "tensor_type", "tensor_drop", "bytes", "truncate"]
 
@@ -98,13 +98,13 @@ class Base:
 
         # with neuron shares, as a profile-ranked file holds them, so that mutants reach their checks
         fields = gguf_fields(random_ranked)
-        for il in fields[key("layers")][1]:
-            n_load = len(fields[key("neuron_ids", il)][1])
+        for il in fields[si_key("layers")][1]:
+            n_load = len(fields[si_key("neuron_ids", il)][1])
             shares = [0.8 / n_load * (2 - r / n_load) / 1.5 for r in range(n_load)]
-            fields[key("neuron_shares", il)] = (V.ARRAY, shares, V.FLOAT32)
+            fields[si_key("neuron_shares", il)] = (V.ARRAY, shares, V.FLOAT32)
             # and gate statistics, as a file from a profile with input moments (compensation)
-            fields[key("gate_rms", il)] = (V.ARRAY, [1.0 + r % 7 / 7 for r in range(n_load)], V.FLOAT32)
-            fields[key("up_slope", il)] = (V.ARRAY, [0.5 - r % 5 / 5 for r in range(n_load)], V.FLOAT32)
+            fields[si_key("gate_rms", il)] = (V.ARRAY, [1.0 + r % 7 / 7 for r in range(n_load)], V.FLOAT32)
+            fields[si_key("up_slope", il)] = (V.ARRAY, [0.5 - r % 5 / 5 for r in range(n_load)], V.FLOAT32)
         si = write_gguf(root / "si-shares.gguf", fields, gguf_tensors(random_ranked))
         header = _native.read_gguf_header(str(si))
         return cls(si, gguf_fields(si), gguf_tensors(si), si.read_bytes(), int(header["data_offset"]))

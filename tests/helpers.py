@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from selectinfer.evaluation.synthetic import make_model
-from selectinfer.runtime.si_format import key
+from selectinfer.runtime.si_format import key as si_key
 
 
 def make_si_model(root: Path, *, seed: int, layers: str, n_ff: int = 256, shape: str = "tiny-llama") -> tuple[Path, Path]:
@@ -209,15 +209,15 @@ def file_budget_inputs(path, strategy: str | None = None) -> tuple[list[int], li
     loaded gate row anyway, so its neurons cost their up and down rows."""
     fields = gguf_fields(path)
     nbytes = {t["name"]: len(t["data"]) for t in gguf_tensors(path)}
-    layers = list(fields[key("layers")][1])
+    layers = list(fields[si_key("layers")][1])
     inputs = []
-    for il, n_static in zip(layers, fields[key("static_counts")][1]):
-        n_load = len(fields[key("neuron_ids", il)][1])
+    for il, n_static in zip(layers, fields[si_key("static_counts")][1]):
+        n_load = len(fields[si_key("neuron_ids", il)][1])
         gate, up = (nbytes[f"blk.{il}.{m}.weight"] / n_load for m in ("ffn_gate", "ffn_up"))
         down = nbytes[f"blk.{il}.ffn_down_t.weight"] / (n_load - n_static)
-        shares = list(fields.get(key("neuron_shares", il), (None, []))[1])
+        shares = list(fields.get(si_key("neuron_shares", il), (None, []))[1])
         inputs.append((n_load, max(1, n_static), up + down if strategy == "gate-guided" else gate + up + down, shares))
-    return layers, inputs, int(fields[key("original_n")][1])
+    return layers, inputs, int(fields[si_key("original_n")][1])
 
 
 def file_dropped_means(path, n_select: dict[int, int]) -> dict[int, "np.ndarray"]:
@@ -230,15 +230,15 @@ def file_dropped_means(path, n_select: dict[int, int]) -> dict[int, "np.ndarray"
     fields = gguf_fields(path)
     act = gelu if fields["general.architecture"][1] == "gemma3" else silu
     out = {}
-    for il, n_static in zip(fields[key("layers")][1], fields[key("static_counts")][1]):
-        if key("gate_rms", il) not in fields:
+    for il, n_static in zip(fields[si_key("layers")][1], fields[si_key("static_counts")][1]):
+        if si_key("gate_rms", il) not in fields:
             return {}
-        rms = np.asarray(fields[key("gate_rms", il)][1])[n_static:]
-        slope = np.asarray(fields[key("up_slope", il)][1])[n_static:]
+        rms = np.asarray(fields[si_key("gate_rms", il)][1])[n_static:]
+        slope = np.asarray(fields[si_key("up_slope", il)][1])[n_static:]
         means = {}
-        if key("gate_mean", il) in fields:
-            means = {"gate_mean": np.asarray(fields[key("gate_mean", il)][1])[n_static:],
-                     "up_mean": np.asarray(fields[key("up_mean", il)][1])[n_static:]}
+        if si_key("gate_mean", il) in fields:
+            means = {"gate_mean": np.asarray(fields[si_key("gate_mean", il)][1])[n_static:],
+                     "up_mean": np.asarray(fields[si_key("up_mean", il)][1])[n_static:]}
         out[il] = reference_dropped_means(rms, slope, n_select[il] - n_static, act, **means,
                                           up_rms=file_step_weights(path).get(il))
     return out
@@ -251,8 +251,8 @@ def file_step_weights(path) -> dict[int, "np.ndarray"]:
 
     fields = gguf_fields(path)
     out = {}
-    for il, n_static in zip(fields[key("layers")][1], fields[key("static_counts")][1]):
-        if key("up_rms", il) not in fields:
+    for il, n_static in zip(fields[si_key("layers")][1], fields[si_key("static_counts")][1]):
+        if si_key("up_rms", il) not in fields:
             return {}
-        out[il] = np.asarray(fields[key("up_rms", il)][1], dtype=np.float64)[n_static:]
+        out[il] = np.asarray(fields[si_key("up_rms", il)][1], dtype=np.float64)[n_static:]
     return out

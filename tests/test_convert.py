@@ -15,7 +15,8 @@ from selectinfer.method.convert import (ConvertError, SourceGGUF, convert, defau
 from selectinfer.method.profiles import DatasetStats, ModelInfo, Profile, ProfileError, ranking
 from selectinfer.runtime.paths import sha256_file
 from selectinfer.evaluation.synthetic import make_model
-from selectinfer.runtime.si_format import FORMAT_VERSION, key
+from selectinfer.runtime.si_format import FORMAT_VERSION
+from selectinfer.runtime.si_format import key as si_key
 
 TEXT = "the capital of france is paris, a city on the seine"
 # engine vs float64 numpy, relative to max |logit|: exact layouts, then re-quantized down projections
@@ -28,7 +29,7 @@ def field(reader, key):
 
 def kept_ids(path):
     r = GGUFReader(str(path))
-    return {il: np.array(field(r, key("neuron_ids", il))) for il in field(r, key("layers"))}
+    return {il: np.array(field(r, si_key("neuron_ids", il))) for il in field(r, si_key("layers"))}
 
 
 def engine_logits(path, tokens=None, **kw):
@@ -123,7 +124,7 @@ def test_loads_with_and_without_mmap(models, tmp_path):
     assert np.array_equal(mapped, read)
     with Model(out, n_ctx=64) as m:
         assert m.stats()["model_bytes"] < os.path.getsize(src)
-        assert m.metadata(key("format_version")) == str(FORMAT_VERSION)
+        assert m.metadata(si_key("format_version")) == str(FORMAT_VERSION)
 
 
 def profile_for(src, n_layer=3, n_ff=768, input_moments=None, input_means=None):
@@ -150,13 +151,13 @@ def test_profile_ranking_layout(models, tmp_path):
         rest = [i for i in secondary[il] if i not in set(base[il, :n_static].tolist())][: n_load - n_static]
         assert ids[n_static:].tolist() == rest, "then the model-wide ranking"
     assert field(r, "llama.feed_forward_length") == [n_load] * 3
-    assert field(r, key("static_counts")) == [n_static] * 3
-    assert field(r, key("task")) == "qa"
-    assert field(r, key("profile_digest")) == sha256_file(tmp_path / "p.safetensors")
-    assert field(r, key("source_digest")) == sha256_file(src)
+    assert field(r, si_key("static_counts")) == [n_static] * 3
+    assert field(r, si_key("task")) == "qa"
+    assert field(r, si_key("profile_digest")) == sha256_file(tmp_path / "p.safetensors")
+    assert field(r, si_key("source_digest")) == sha256_file(src)
     scores = prof.model_scores().astype(np.float64)
     for il, ids in kept_ids(out).items():  # each kept neuron's share of its layer's model-wide mass, largest first
-        key = key("neuron_shares", il)
+        key = si_key("neuron_shares", il)
         shares, expected = np.asarray(field(r, key)), -np.sort(-scores[il][ids]) / scores[il].sum()
         assert r.get_field(key).types[-1] == GGUFValueType.FLOAT32 and np.allclose(shares, expected, rtol=1e-6, atol=0)
         assert 0.5 < shares.sum() < 1  # half the neurons kept, of random scores
@@ -224,9 +225,9 @@ def test_the_down_projection_in_two_layouts(models, tmp_path, weight_type):
     before, after = values(src), values(out)
     fields = gguf_fields(out)
     block = 256 if weight_type == "Q4_K" else 32 if weight_type == "Q8_0" else 1
-    for il in fields[key("layers")][1]:
-        ids = np.asarray(fields[key("neuron_ids", il)][1])
-        n_static = int(fields[key("static_counts")][1][list(fields[key("layers")][1]).index(il)])
+    for il in fields[si_key("layers")][1]:
+        ids = np.asarray(fields[si_key("neuron_ids", il)][1])
+        n_static = int(fields[si_key("static_counts")][1][list(fields[si_key("layers")][1]).index(il)])
         assert n_static > 0 and n_static % block == 0
         down, _ = before[f"blk.{il}.ffn_down.weight"]  # numpy [n_embd, n_ff]
         static, static_type = after[f"blk.{il}.ffn_down_static.weight"]
@@ -465,7 +466,7 @@ def test_predictor_tensors_names_shapes_and_types(models, tmp_path):
         assert names[at + 1: at + 3] == [f"blk.{il}.ffn_gate_pred_in.weight", f"blk.{il}.ffn_gate_pred_out.weight"]
     assert not any(n.startswith("blk.0.") and "_pred_" in n for n in names), "dense layers have no predictor"
     fields = gguf_fields(out)
-    assert fields[key("predictor_rank")][:2] == (GGUFValueType.UINT32, 64)
+    assert fields[si_key("predictor_rank")][:2] == (GGUFValueType.UINT32, 64)
     assert "predictor     gate, rank 64 (ffn_gate_pred_in/out, F32)" in inspect(out)
     assert "FFN weight types F32\n" in inspect(out)
     tensor_bytes = sum(int(t.n_bytes) for t in tensors.values())
@@ -474,7 +475,7 @@ def test_predictor_tensors_names_shapes_and_types(models, tmp_path):
 
     convert(src, dense_out, profile=prof, task="qa", load_ratio=0.75, static_ratio=0.25, layers="1:3", progress=False)
     assert not any("_pred_" in t.name for t in GGUFReader(str(dense_out)).tensors)
-    assert key("predictor_rank") not in gguf_fields(dense_out)
+    assert si_key("predictor_rank") not in gguf_fields(dense_out)
     assert "predictor     none" in inspect(dense_out)
 
 
@@ -496,8 +497,8 @@ def test_gate_statistics_from_the_profile_moments(models, tmp_path, weight_type)
         mean_square = np.einsum("ij,jk,ik->i", gate, moments[il], gate)
         slope = np.einsum("ij,jk,ik->i", gate, moments[il], up) / mean_square
         up_rms = np.sqrt(np.einsum("ij,jk,ik->i", up, moments[il], up))
-        for key, want in ((key("gate_rms", il), np.sqrt(mean_square)), (key("up_slope", il), slope),
-                          (key("up_rms", il), up_rms)):
+        for key, want in ((si_key("gate_rms", il), np.sqrt(mean_square)), (si_key("up_slope", il), slope),
+                          (si_key("up_rms", il), up_rms)):
             assert r.get_field(key).types[-1] == GGUFValueType.FLOAT32
             np.testing.assert_allclose(np.asarray(field(r, key)), want, rtol=1e-4)
     plain = tmp_path / "plain.gguf"
@@ -524,10 +525,10 @@ def test_gate_means_from_the_profile_means(models, tmp_path):
     r = GGUFReader(str(out))
     for il, ids in kept_ids(out).items():
         gate, up = weights[f"blk.{il}.ffn_gate.weight"][ids], weights[f"blk.{il}.ffn_up.weight"][ids]
-        for key, want in ((key("gate_mean", il), gate @ means[il]), (key("up_mean", il), up @ means[il])):
+        for key, want in ((si_key("gate_mean", il), gate @ means[il]), (si_key("up_mean", il), up @ means[il])):
             assert r.get_field(key).types[-1] == GGUFValueType.FLOAT32
             np.testing.assert_allclose(np.asarray(field(r, key)), want, rtol=1e-4, atol=1e-6)
-        assert np.all(np.abs(field(r, key("gate_mean", il))) <= np.asarray(field(r, key("gate_rms", il))))
+        assert np.all(np.abs(field(r, si_key("gate_mean", il))) <= np.asarray(field(r, si_key("gate_rms", il))))
     assert "compensation  gate statistics and means:" in inspect(out)
     with Model(out, n_ctx=64, strategy="gate-guided") as m:
         assert m.selection_config()["compensate"] is True
@@ -555,7 +556,7 @@ def test_full_rank_predictor_reproduces_the_gathered_gate(models, tmp_path, weig
             print(f"{weight_type} delta {static_ratio} layer {il}: max |error| {err.max() / np.abs(w).max():.1e} "
                   "of max |W|")
             assert err.max() < 0.05 * np.abs(w).max()
-        assert gguf_fields(out)[key("profile_digest")][1] == sha256_file(prof)
+        assert gguf_fields(out)[si_key("profile_digest")][1] == sha256_file(prof)
 
 
 def test_low_rank_predictor_is_the_whitened_best_approximation(models, tmp_path):

@@ -164,8 +164,8 @@ def test_check_names_file_and_marker_of_a_hand_edit(tmp_path):
     bench = tmp_path / "docs" / "benchmarks.md"
     bench.write_text(bench.read_text().replace("120.0", "130.0"))  # a hand-edited number
     problems = rd.check(tmp_path)
-    assert problems == [f"docs/benchmarks.md: <!-- results:bench b.json -->: the table differs from what "
-                        f"docs/results/b.json renders (run scripts/render_docs.py)"]
+    assert problems == ["docs/benchmarks.md: <!-- results:bench b.json -->: the table differs from what "
+                        "docs/results/b.json renders (run scripts/render_docs.py)"]
     assert rd.main(["--check", "--root", str(tmp_path)]) == 1
 
 

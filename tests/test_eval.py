@@ -10,7 +10,7 @@ from helpers import needs_cgroups
 
 from selectinfer.evaluation import eval_report, evaluate
 from selectinfer.evaluation.bench import bytes_read_per_token
-from selectinfer.runtime.si_format import key
+from selectinfer.runtime.si_format import key as si_key
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def test_delta_zero_grid_has_no_static_neurons_and_phis_below_the_default_delta(
     assert [r["label"] for r in rows if "error" in r] == []
     path = Path(rows[1]["path"])
     assert path.stem.endswith("si75d0")  # not the default delta's file name
-    field = GGUFReader(path).fields[key("static_ratio")]
+    field = GGUFReader(path).fields[si_key("static_ratio")]
     assert float(field.parts[field.data[0]][0]) == 0.0
     assert rows[2]["read_bytes_per_token"] < rows[3]["read_bytes_per_token"] < rows[1]["read_bytes_per_token"]
 

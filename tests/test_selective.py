@@ -10,7 +10,7 @@ from reference import (ReferenceModel, reference_layer_budgets, reference_select
 from selectinfer import Model, ModelLoadError
 from selectinfer.method.convert import convert
 from selectinfer.evaluation.synthetic import make_model
-from selectinfer.runtime.si_format import key
+from selectinfer.runtime.si_format import key as si_key
 
 PROMPT = "the capital of france is paris, a city on the"
 
@@ -243,7 +243,7 @@ def test_the_files_strategy_is_its_default_and_settings_override_it(tmp_path, mo
     fixed = tmp_path / "fixed.gguf"
     convert(src, fixed, ranking="random", seed=2, load_ratio=0.75, static_ratio=0.25, layers="1:3",
             strategy="fixed", progress=False)
-    assert GGUFReader(fixed).get_field(key("strategy")).contents() == "fixed"
+    assert GGUFReader(fixed).get_field(si_key("strategy")).contents() == "fixed"
     best_ranked = list(range(round(0.4 * 256)))
 
     def selections(**kwargs):
@@ -622,7 +622,7 @@ def test_sparse_decode_differs_from_dense(si_model):
 
 def test_defaults_come_from_the_file(si_model):
     r = GGUFReader(str(si_model))
-    assert r.get_field(key("compute_ratio")).contents() == pytest.approx(0.4)
+    assert r.get_field(si_key("compute_ratio")).contents() == pytest.approx(0.4)
     with Model(si_model) as m:
         cfg = m.selection_config()
     assert cfg["compute_ratio"] == pytest.approx(0.4) and cfg["token_ratio"] == pytest.approx(0.2)

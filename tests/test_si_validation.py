@@ -8,7 +8,7 @@ from gguf import GGUFValueType as V
 from helpers import gguf_fields, gguf_tensors, make_si_model, write_gguf
 
 from selectinfer import Model, ModelLoadError, _native
-from selectinfer.runtime.si_format import key
+from selectinfer.runtime.si_format import key as si_key
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def arr(values, item=V.INT32):
 
 
 def ids_of(fields, il):
-    return list(fields[key("neuron_ids", il)][1])
+    return list(fields[si_key("neuron_ids", il)][1])
 
 
 # (what is changed, the message it must give)
@@ -315,19 +315,19 @@ def test_a_converted_file_holds_the_format_tables_keys(si_parts):
     _, fields, _ = si_parts
     table = _native.FORMAT["keys"]
     ours = {k for k in fields if k.startswith("selectinfer.")}
-    layers = list(fields[key("layers")][1])
+    layers = list(fields[si_key("layers")][1])
     names = {e["name"] + (str(il) if e["per_layer"] else "") for e in table.values()
              for il in (layers if e["per_layer"] else [None])}
     assert ours <= names, ours - names
     for key_id, e in table.items():
         if e["required"]:
             for il in (layers if e["per_layer"] else [None]):
-                assert key(key_id, il) in fields, key_id
+                assert si_key(key_id, il) in fields, key_id
     gguf_type = {"u32": V.UINT32, "f32": V.FLOAT32, "str": V.STRING, "arr_i32": V.ARRAY, "arr_f32": V.ARRAY}
     for name in ours:
         key_id = next(i for i, e in table.items() if name == e["name"] or (e["per_layer"] and name.startswith(e["name"])))
         assert fields[name][0] == gguf_type[table[key_id]["type"]], name
-    assert fields[key("format_version")][1] == _native.FORMAT["version"]
+    assert fields[si_key("format_version")][1] == _native.FORMAT["version"]
 
 
 def test_no_format_key_is_spelled_outside_the_table():
