@@ -1,6 +1,5 @@
 #include "op_runner.h"
 
-#include "engine.h"
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "neuron_selection.h"
@@ -47,8 +46,9 @@ private:
 };
 
 // The backend of the device named `device` ("CPU", "CUDA0", ... as ggml names them).
+// (A build whose backends are modules loaded at run time has them once selectinfer._native has
+// loaded them, which importing this module does: testing_bindings.cpp.)
 std::unique_ptr<OpBackend> device_backend(const std::string & device, int n_threads) {
-    init_backends();
     ggml_backend_dev_t dev = ggml_backend_dev_by_name(device.c_str());
     if (!dev) {
         std::string names;

@@ -13,6 +13,10 @@ using namespace selectinfer;
 
 PYBIND11_MODULE(_testing, m) {
     m.doc() = "selectinfer test and benchmark helpers (not part of the runtime API)";
+    // The engine's process-wide state (the backends it loads at run time, llama.cpp's log, whose
+    // errors it reports) is _native's: this module only uses it. (A second copy of the engine here
+    // would take llama.cpp's log over where libllama is a shared library.)
+    py::module_::import("selectinfer._native").attr("system_info")();
 
     m.def("sparse_fused_types", [] {
         std::vector<std::string> names;

@@ -20,7 +20,7 @@ namespace si_cpu {
 
 // The CPU has AMX-BF16, and Linux gives the process the tile registers' state (it does only on
 // request, arch_prctl); asked once per process.
-bool amx_tiles_permitted() {
+static bool amx_tiles_permitted() {
     static const bool permitted = __builtin_cpu_supports("amx-bf16") &&
                                   syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
     return permitted;
@@ -67,7 +67,7 @@ bool use_amx_bf16(const ggml_tensor * w, const ggml_tensor * hs) {
 
 // rows (< PANEL_ROWS: the rest zero) x panel_width F32 -> per k step of 32 rows and per 16
 // columns one B tile: row r holds, column by column, the bf16 pair (row 2r, row 2r + 1).
-void panel_to_tiles(const float * panel, int64_t rows, int64_t panel_width, ggml_bf16_t * tiles) {
+static void panel_to_tiles(const float * panel, int64_t rows, int64_t panel_width, ggml_bf16_t * tiles) {
     const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                                 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const int64_t n_col_tiles = panel_width / TILE;
@@ -165,7 +165,7 @@ SI_AMX_BF16_TARGET void mul_rows_t_tokens_amx(const ggml_compute_params * params
 // The rows of one step and the op's work buffer: ROWS_PER_CHUNK, Bf16RowsLayout (sparse_ffn_cpu.h).
 
 // n floats (a multiple of 32) to bf16, rounding to nearest even as ggml's conversion does
-void floats_to_bf16(const float * x, ggml_bf16_t * y, int64_t n) {
+static void floats_to_bf16(const float * x, ggml_bf16_t * y, int64_t n) {
     for (int64_t i = 0; i < n; i += 32) {
         const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
         _mm512_storeu_si512(y + i, (__m512i) both);
@@ -178,7 +178,7 @@ bool use_amx_bf16_rows(const ggml_tensor * w, const ggml_tensor * x) {
 
 // Token t's activations into the B tiles: the 16 pairs of each k step go to column t % 16 of
 // its tile's 16 rows. Tokens past T (the padding) are zeros.
-void token_to_tiles(const float * x_t, int64_t t, const Bf16RowsLayout & lay, ggml_bf16_t * xb) {
+static void token_to_tiles(const float * x_t, int64_t t, const Bf16RowsLayout & lay, ggml_bf16_t * xb) {
     const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                             _mm512_set1_epi32(TILE));  // in 4-byte pairs
     for (int64_t k = 0; k < lay.n_k; ++k) {
@@ -192,7 +192,7 @@ void token_to_tiles(const float * x_t, int64_t t, const Bf16RowsLayout & lay, gg
 
 // in: 16 rows of 16 floats; out: its transpose (in registers: two rounds of unpacks within
 // 128-bit lanes, two of lane shuffles)
-void transpose_16x16(const float * in, float * out) {
+static void transpose_16x16(const float * in, float * out) {
     __m512 r[16], t[16];
     for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(in + i * 16);
     for (int i = 0; i < 16; i += 2) {

@@ -1075,8 +1075,8 @@ template <ggml_type T> struct AddRows {
         if constexpr (NP == 8) {
             for (int j = 0; j < 8; ++j) offsets[j] = offset[j] + center * f.sum_f[j];
         }
-        auto u = [&](int k, int i, int i2) {
-            return k_block_pair_u<T>(sbs[k], i);  // i2 = i + 1: eight blocks
+        auto u = [&](int k, int i, int /* i + 1: eight blocks */) {
+            return k_block_pair_u<T>(sbs[k], i);
         };
         add_int_pairs_512<NP / 8>(u, nr, 8, f, center, offsets, y);
         return true;

@@ -29,7 +29,7 @@ bool use_int8_prompt(const ggml_tensor * w, const ggml_tensor * hs) {
 
 // Token t's n activations: per group of PANEL_ROWS, int8 values round(h * 127 / max|h|), the
 // scale max|h| / 127 and the sum of the int8 values; zeros up to n_pad.
-void quantize_activations(const float * h, int64_t n, const Int8Layout & lay, int8_t * hq, float * scale,
+static void quantize_activations(const float * h, int64_t n, const Int8Layout & lay, int8_t * hq, float * scale,
                           int32_t * sum) {
     for (int64_t g = 0; g < lay.n_groups; ++g) {
         const int64_t j0 = g * PANEL_ROWS, len = std::min<int64_t>(PANEL_ROWS, n - j0);
@@ -57,7 +57,7 @@ void quantize_activations(const float * h, int64_t n, const Int8Layout & lay, in
 // its column): per slice of 32 columns and per four rows, two vectors whose 32-bit lane c holds
 // the four rows' bytes of column c (vpdpbusd's operand), slices one after another. Rows past
 // `rows` up to a multiple of four hold 128 (zero). col_scale gets each column's max|w| / 127.
-void panel_to_int8(const float * panel, int64_t rows, int64_t width, int64_t stride, uint8_t * panel_q,
+static void panel_to_int8(const float * panel, int64_t rows, int64_t width, int64_t stride, uint8_t * panel_q,
                    float * col_scale) {
     const int64_t n_quads = (rows + 3) / 4;
     for (int64_t c = 0; c < width; c += 16) {

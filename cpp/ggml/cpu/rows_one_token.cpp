@@ -43,7 +43,7 @@ template <ggml_type T> struct IntDotsInput {
     }
 };
 
-bool has_int_dots_for(ggml_type type) {
+static bool has_int_dots_for(ggml_type type) {
     switch (type) {
 #define SI_CASE(T) case GGML_TYPE_##T: return has_int_dots<GGML_TYPE_##T>;
         GGML_SI_FUSED_TYPES(SI_CASE)
@@ -80,7 +80,7 @@ void mul_rows_int_one_token(const ggml_compute_params * params, ggml_tensor * ds
 
 // After a barrier: out[c] = prev[c] (if given) + the sum over the nth threads' private rows (thread
 // t's at y0 + t * stride floats) for this thread's columns of dst.
-void sum_thread_rows(const ggml_compute_params * params, ggml_tensor * dst, const float * y0, size_t stride,
+static void sum_thread_rows(const ggml_compute_params * params, ggml_tensor * dst, const float * y0, size_t stride,
                      const float * prev) {
     int64_t c0, c1;
     column_range(dst, params->ith, params->nth, c0, c1);

@@ -20,7 +20,7 @@ constexpr int64_t SAMPLE = 32;  // also the candidates that are sorted instead
 // keys[0..m) (m <= SAMPLE) into out in descending order: each key goes to its rank, the keys
 // above it plus the equal ones before it, counted in two vectors (std::sort's insertion sort of
 // so few keys mispredicts a branch at every other step: it was 45% of the counting op's time)
-void sort_descending_few(const uint32_t * keys, int64_t m, uint32_t * out) {
+static void sort_descending_few(const uint32_t * keys, int64_t m, uint32_t * out) {
     static_assert(SAMPLE == 32, "two vectors of keys");
     const __mmask16 live[2] = {tail_mask(m), tail_mask(m - 16)};
     const __m512i v[2] = {_mm512_maskz_loadu_epi32(live[0], keys), _mm512_maskz_loadu_epi32(live[1], keys + 16)};
@@ -37,7 +37,7 @@ void sort_descending_few(const uint32_t * keys, int64_t m, uint32_t * out) {
 }
 
 // How many of keys[0..m) are above hi, and at or above lo.
-void count_above(const uint32_t * keys, int64_t m, uint32_t hi, uint32_t lo, int64_t & above_hi, int64_t & from_lo) {
+static void count_above(const uint32_t * keys, int64_t m, uint32_t hi, uint32_t lo, int64_t & above_hi, int64_t & from_lo) {
     const __m512i h = _mm512_set1_epi32((int) hi), l = _mm512_set1_epi32((int) lo);
     above_hi = from_lo = 0;
     for (int64_t i = 0; i < m; i += 16) {
@@ -50,7 +50,7 @@ void count_above(const uint32_t * keys, int64_t m, uint32_t hi, uint32_t lo, int
 
 // The keys of keys[0..m) in [lo, hi], in order, into out (which may be keys: it writes behind
 // what it has read); returns how many.
-int64_t keep_between(const uint32_t * keys, int64_t m, uint32_t lo, uint32_t hi, uint32_t * out) {
+static int64_t keep_between(const uint32_t * keys, int64_t m, uint32_t lo, uint32_t hi, uint32_t * out) {
     const __m512i h = _mm512_set1_epi32((int) hi), l = _mm512_set1_epi32((int) lo);
     int64_t n_out = 0;
     for (int64_t i = 0; i < m; i += 16) {
@@ -65,7 +65,7 @@ int64_t keep_between(const uint32_t * keys, int64_t m, uint32_t lo, uint32_t hi,
 
 // The order bits of the k-th largest of keys[0..n) (1 <= k <= n) and how many keys equal to it
 // are taken (the lowest rows), as si_rule::kth_largest; cand: room for n.
-uint32_t kth_largest_partition(const uint32_t * keys, int64_t n, int64_t k, int64_t & ties, uint32_t * cand) {
+static uint32_t kth_largest_partition(const uint32_t * keys, int64_t n, int64_t k, int64_t & ties, uint32_t * cand) {
     const uint32_t * src = keys;
     int64_t m = n, wanted = k;  // candidates, and the rank among them sought (1 = the largest)
     while (m > SAMPLE) {
@@ -100,7 +100,7 @@ uint32_t kth_largest_partition(const uint32_t * keys, int64_t n, int64_t k, int6
 }
 
 // A token's keys (si_rule::order_bits of si_rule::rank_key), sixteen at a time.
-void token_keys(const float * a, int64_t n, bool by_magnitude, uint32_t * keys) {
+static void token_keys(const float * a, int64_t n, bool by_magnitude, uint32_t * keys) {
     const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
     const __m512i minus_inf = _mm512_set1_epi32((int) 0xff800000u), minus_zero = _mm512_set1_epi32((int) 0x80000000u);
     const __m512i ones = _mm512_set1_epi32(-1);
@@ -131,7 +131,7 @@ inline __mmask16 taken_lanes(const uint32_t * keys, int64_t i, int64_t n, __m512
 }
 
 // out[0..k) = first_index + i for the keys above kth and the first `ties` equal to it, ascending.
-void take_indices(const uint32_t * keys, int64_t n, uint32_t kth, int64_t ties, int32_t first_index, int32_t * out) {
+static void take_indices(const uint32_t * keys, int64_t n, uint32_t kth, int64_t ties, int32_t first_index, int32_t * out) {
     const __m512i kv = _mm512_set1_epi32((int) kth), step = _mm512_set1_epi32(16);
     __m512i index = _mm512_add_epi32(_mm512_set1_epi32(first_index),
                                      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
@@ -144,7 +144,7 @@ void take_indices(const uint32_t * keys, int64_t n, uint32_t kth, int64_t ties, 
 }
 
 // count[i] += 1 for the keys above kth and the first `ties` equal to it.
-void add_votes(const uint32_t * keys, int64_t n, uint32_t kth, int64_t ties, int32_t * count) {
+static void add_votes(const uint32_t * keys, int64_t n, uint32_t kth, int64_t ties, int32_t * count) {
     const __m512i kv = _mm512_set1_epi32((int) kth), one = _mm512_set1_epi32(1);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 taken = taken_lanes(keys, i, n, kv, ties), live = tail_mask(n - i);
@@ -165,7 +165,7 @@ size_t count_scratch_bytes(int64_t n_load) {
     return (size_t) n_load * (2 * sizeof(uint32_t) + sizeof(int32_t));
 }
 
-CountScratch count_scratch(void * base, int64_t n_load) {
+static CountScratch count_scratch(void * base, int64_t n_load) {
     uint32_t * k = (uint32_t *) base;
     return {k, k + n_load, (int32_t *) (k + 2 * n_load)};
 }
