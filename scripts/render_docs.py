@@ -219,41 +219,45 @@ def render_text(text: str, results_dir: Path) -> tuple[str, list[tuple[str, str]
     return MARKER.sub(replace, text), problems
 
 
+def _rendered(root: Path):
+    """Each doc: (path, its text, the text rendered from the result files, problems as lines naming
+    the doc and the marker); a missing doc as (path, None, None, [problem])."""
+    for doc in DOCS:
+        path = root / doc
+        if not path.is_file():
+            yield path, None, None, [f"{doc}: missing"]
+            continue
+        text = path.read_text()
+        new, problems = render_text(text, root / RESULTS)
+        yield path, text, new, [f"{doc}: <!-- {marker} -->: {why}" for marker, why in problems]
+
+
 def check(root: Path = ROOT) -> list[str]:
     """Problems, one line each naming the file and the marker: tables that differ from what the result
     files render, and tables that cannot be rendered. Empty when the docs are up to date."""
     out = []
-    for doc in DOCS:
-        path = root / doc
-        if not path.is_file():
-            out.append(f"{doc}: missing")
+    for path, text, new, problems in _rendered(root):
+        out += problems
+        if text is None:
             continue
-        text = path.read_text()
-        new, problems = render_text(text, root / RESULTS)
-        out += [f"{doc}: <!-- {marker} -->: {why}" for marker, why in problems]
-        old_blocks = {f"{m['kind']} {m['file']}": m.group(0) for m in MARKER.finditer(text)}
+        doc = path.relative_to(root).as_posix()
         new_blocks = {f"{m['kind']} {m['file']}": m.group(0) for m in MARKER.finditer(new)}
-        for key, block in old_blocks.items():
-            if new_blocks.get(key) != block:
+        for m in MARKER.finditer(text):
+            key = f"{m['kind']} {m['file']}"
+            if new_blocks.get(key) != m.group(0):
                 out.append(f"{doc}: <!-- results:{key} -->: the table differs from what {RESULTS}/"
-                           f"{key.split(' ', 1)[1]} renders (run scripts/render_docs.py)")
+                           f"{m['file']} renders (run scripts/render_docs.py)")
     return out
 
 
 def write(root: Path = ROOT) -> list[str]:
     """Render every table in place; the problems of those that could not be rendered."""
     out = []
-    for doc in DOCS:
-        path = root / doc
-        if not path.is_file():
-            out.append(f"{doc}: missing")
-            continue
-        text = path.read_text()
-        new, problems = render_text(text, root / RESULTS)
-        out += [f"{doc}: <!-- {marker} -->: {why}" for marker, why in problems]
-        if new != text:
+    for path, text, new, problems in _rendered(root):
+        out += problems
+        if text is not None and new != text:
             path.write_text(new)
-            print(f"rendered {doc}")
+            print(f"rendered {path.relative_to(root).as_posix()}")
     return out
 
 

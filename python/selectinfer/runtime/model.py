@@ -54,8 +54,7 @@ class _StopFilter:
 
 
 # Model's keywords for selective computation (SelectionOverrides), for callers that pass them on.
-SELECTION_KEYWORDS = ("strategy", "compute_ratio", "layer_budgets", "token_ratio", "select_by", "dense", "coreinfer",
-                      "compensate")
+SELECTION_KEYWORDS = tuple(s["name"] for s in _native.SELECTION_SETTINGS)
 LAYER_BUDGETS = tuple(_native.LAYER_BUDGETS)  # "uniform" (phi N per layer, the method's), "profile"
 STRATEGIES = tuple(_native.STRATEGIES)  # "frequency" (the method's, the default), "sum-magnitude", ...
 STEP_STRATEGIES = tuple(_native.STEP_STRATEGIES)  # "gate-guided", "predicted": each decode step chooses (and compensates)
