@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 PROMPT ?= The capital of France is
 
-.PHONY: demo test test-asan test-portable test-sse42 test-avx512 test-aarch64 test-dl test-cuda-compile install install-test upstream dev clean
+.PHONY: demo test test-asan test-portable test-sse42 test-avx512 test-aarch64 test-dl test-cuda-compile test-gpu-check install install-test upstream dev clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +85,12 @@ test-dl: $(PY)
 # on a GPU machine only: scripts/device_check.sh.
 test-cuda-compile: $(PY)
 	PY=$(PY) scripts/cuda_compile_check.sh
+
+# The GPU check's path rehearsed here, offline (docs/gpu-check.md): setup, the tests' collection and
+# fixtures, bench and memory on the engine `make install-test` installed (CI: after `make test`). The full rehearsal,
+# `scripts/device_check.sh --rehearse`, also builds the CUDA engine offline (docs/gpu-check.md).
+test-gpu-check: $(PY)
+	scripts/device_check.sh --rehearse --prebuilt
 
 # Developer loop: editable install with the build tree kept in build/; rerun after editing cpp/.
 dev: $(PY)

@@ -19,16 +19,31 @@ REPO = Path(__file__).resolve().parents[1]
 TYPES = [name.upper() for name in _testing.sparse_fused_types()]  # the types with fused row loops
 
 
-@pytest.fixture(scope="module")
-def check(tmp_path_factory):
+def build_check(root: Path, *flags: str) -> Path:
     compiler = shutil.which("c++") or shutil.which("g++")
     if not compiler:
         pytest.skip("no C++ compiler on the PATH")
-    program = tmp_path_factory.mktemp("cuda_logic") / "cuda_logic_check"
-    subprocess.run([compiler, "-O2", "-std=gnu++17", "-Wall", "-Werror", "-I", str(REPO / "cpp" / "ggml"),
+    program = root / "cuda_logic_check"
+    subprocess.run([compiler, "-O2", "-std=gnu++17", "-Wall", "-Werror", *flags, "-I", str(REPO / "cpp" / "ggml"),
                     "-I", str(ggml_include()), str(REPO / "tests" / "native" / "cuda_logic_check.cpp"),
                     "-o", str(program)], check=True)
     return program
+
+
+@pytest.fixture(scope="module")
+def check(tmp_path_factory):
+    return build_check(tmp_path_factory.mktemp("cuda_logic"))
+
+
+@pytest.fixture(scope="module")
+def check_flushing_subnormals(tmp_path_factory):
+    """The checker built with -ffast-math, whose start-up code sets the x86 flags that read and
+    write subnormals as zero: the host's stand-in for CUDA's -use_fast_math (flush to zero)."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("-ffast-math sets flush-to-zero at start-up on x86 only")
+    return build_check(tmp_path_factory.mktemp("cuda_logic_ftz"), "-ffast-math")
 
 
 def decode(program, type_name, raw: bytes, n_rows, n_cols):
@@ -93,3 +108,43 @@ def test_top_k_ties_nan_signed_zeros_and_infinities(check, by_magnitude):
 
 def test_top_k_of_nothing_is_empty(check):
     assert top(check, np.ones(10, dtype=np.float32), 0, False).size == 0
+
+
+SIGNED_EDGES = np.array([1e-40, -1e-40, 0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1.0, -1.0, 3e-38], dtype=np.float32)
+
+
+def positives(program, a: np.ndarray) -> int:
+    return int(subprocess.run([str(program), "positives", str(len(a))], input=a.astype(np.float32).tobytes(),
+                              capture_output=True, check=True).stdout)
+
+
+@pytest.mark.parametrize("flush", [False, True])
+def test_positives_are_counted_on_the_bits(request, flush):
+    # subnormals count as positive even where the arithmetic flushes them to zero, as on the CPU
+    program = request.getfixturevalue("check_flushing_subnormals" if flush else "check")
+    assert positives(program, SIGNED_EDGES) == int(np.sum(SIGNED_EDGES > 0)) == 4
+
+
+def score_of(program, x: np.ndarray, score: int) -> np.ndarray:
+    out = subprocess.run([str(program), "score", str(len(x)), str(score)], input=x.astype(np.float32).tobytes(),
+                         capture_output=True, check=True).stdout
+    return np.frombuffer(out, dtype=np.float32)
+
+
+@pytest.mark.parametrize("score", [1, 2])
+def test_activation_scores_are_precise_for_negative_gates(check, score):
+    """|SiLU| and |GELU| within a few 1e-5 relative of float64 where a gate is negative too: the
+    GELU score has no cancellation of 1 + tanh(u) (upstream's form loses every digit by x = -5)."""
+    from reference import gelu, silu
+
+    x = np.linspace(-9, 9, 4001).astype(np.float32)
+    x64 = x.astype(np.float64)
+    if score == 1:
+        expected = np.abs(silu(x64))
+    else:  # 0.5 (1 + tanh(u)) = 1 / (1 + e^-2u), in float64, anchored to the tanh form where that one is exact
+        u = np.sqrt(2.0 / np.pi) * (x64 + 0.044715 * x64 ** 3)
+        expected = np.abs(x64 / (1.0 + np.exp(-2.0 * u)))
+        np.testing.assert_allclose(expected[x > -2], np.abs(gelu(x64[x > -2])), rtol=1e-12)
+    np.testing.assert_allclose(score_of(check, x, score), expected, rtol=3e-5, atol=0)
+    edges = score_of(check, SIGNED_EDGES, score)
+    assert np.isnan(edges[4:6]).all() and edges[6] == np.inf  # NaN stays NaN (ranked last), +inf is the largest

@@ -29,12 +29,18 @@ SI_HD float rank_key(float a, bool by_magnitude) {
     return bits_float(u);
 }
 
+// Whether an activation counts as positive for top_k: on the bits (above +0, up to +inf, NaN not),
+// so that a device flushing subnormals to zero (CUDA's -use_fast_math) counts them as the CPU does.
+SI_HD bool is_positive(float a) { return float_bits(a) - 1u < 0x7f800000u; }
+
 // The score ggml_si_select ranks a value x by (enum ggml_si_score): x itself, or |act(x)| of a gate
-// value, SiLU x / (1 + e^-x) as upstream's ggml_silu, GELU in upstream's tanh form. A NaN stays
-// NaN (ranked last by rank_key).
+// value: SiLU x / (1 + e^-x) as upstream's ggml_silu, and GELU's tanh form, 0.5 x (1 + tanh(u)),
+// written x / (1 + e^-2u), which is the same function without the cancellation of 1 + tanh(u) for
+// x < 0. Both rest on one exp, so the score is within a few 1e-6 relative of the exact one on the
+// CPU and on a device whose exp is its fast approximate one. A NaN stays NaN (ranked last by rank_key).
 SI_HD float score_of(float x, int score) {
     if (score == 1) return fabsf(x / (1.0f + expf(-x)));
-    if (score == 2) return fabsf(0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x))));
+    if (score == 2) return fabsf(x / (1.0f + expf(-1.5957691216f * (x + 0.044715f * x * x * x))));
     return x;
 }
 

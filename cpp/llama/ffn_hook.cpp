@@ -42,6 +42,10 @@ void * selectinfer_context_create(const llama_model * model, uint32_t n_seq_max,
             "a SelectInfer model keeps one neuron selection per context, so it serves one sequence: got n_seq_max " +
             std::to_string(n_seq_max) + " (llama-server: -np 1; llama-perplexity: --batch-size equal to --ctx-size)");
     }
+    if (hooks->selection && model->split_mode() == LLAMA_SPLIT_MODE_TENSOR) {
+        // the meta backend splits each op's tensors by rules it knows for upstream's ops only
+        throw std::invalid_argument("a SelectInfer model cannot be split by tensor across devices: use --split-mode layer");
+    }
     return hooks.release();
 }
 

@@ -2,7 +2,9 @@
 //   cuda_logic_check decode TYPE N_ROWS N_COLS ROW_BYTES < rows   -> every row as floats, decoded
 //       32 values at a time by row_decode.h (the CUDA kernels' dequantization);
 //   cuda_logic_check top N K BY_MAGNITUDE < N floats             -> the ids of a token's top K
-//       (selection_rule.h: rank key, order bits, radix select, ties to the lower row), int32.
+//       (selection_rule.h: rank key, order bits, radix select, ties to the lower row), int32;
+//   cuda_logic_check positives N < N floats                      -> how many count as positive;
+//   cuda_logic_check score N SCORE < N floats                    -> each one's select score, floats.
 #include "row_decode.h"
 #include "selection_rule.h"
 #include "sparse_ffn_ops.h"
@@ -53,10 +55,36 @@ int top(int argc, char ** argv) {
     return 0;
 }
 
+static bool read_floats(std::vector<float> & a) { return fread(a.data(), sizeof(float), a.size(), stdin) == a.size(); }
+
+int positives(int argc, char ** argv) {
+    if (argc != 3) return 2;
+    std::vector<float> a(atoll(argv[2]));
+    if (!read_floats(a)) return 2;
+    int64_t n = 0;
+    for (float v : a) n += si_rule::is_positive(v);
+    printf("%lld\n", (long long) n);
+    return 0;
+}
+
+int score(int argc, char ** argv) {
+    if (argc != 4) return 2;
+    std::vector<float> a(atoll(argv[2]));
+    if (!read_floats(a)) return 2;
+    for (float & v : a) v = si_rule::score_of(v, atoi(argv[3]));
+    fwrite(a.data(), sizeof(float), a.size(), stdout);
+    return 0;
+}
+
 int main(int argc, char ** argv) {
     int rc = 2;
     if (argc > 1 && std::strcmp(argv[1], "decode") == 0) rc = decode(argc, argv);
     if (argc > 1 && std::strcmp(argv[1], "top") == 0) rc = top(argc, argv);
-    if (rc == 2) fprintf(stderr, "usage: %s decode TYPE N_ROWS N_COLS ROW_BYTES < rows | top N K BY_MAGNITUDE < floats\n", argv[0]);
+    if (argc > 1 && std::strcmp(argv[1], "positives") == 0) rc = positives(argc, argv);
+    if (argc > 1 && std::strcmp(argv[1], "score") == 0) rc = score(argc, argv);
+    if (rc == 2) {
+        fprintf(stderr, "usage: %s decode TYPE N_ROWS N_COLS ROW_BYTES < rows | top N K BY_MAGNITUDE < floats | "
+                        "positives N < floats | score N SCORE < floats\n", argv[0]);
+    }
     return rc;
 }

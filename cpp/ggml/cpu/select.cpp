@@ -193,7 +193,7 @@ void count_votes(const ggml_compute_params * params, ggml_tensor * dst) {
     for (int64_t t = ith; t < T; t += nth) {
         for (int p = 0; p < n_parts; ++p) {
             const float * a = token(p, t);
-            for (int64_t i = 0; i < parts[p]->ne[0]; ++i) my_positives += a[i] > 0.0f;
+            for (int64_t i = 0; i < parts[p]->ne[0]; ++i) my_positives += si_rule::is_positive(a[i]);
         }
     }
     positives[ith] = my_positives;

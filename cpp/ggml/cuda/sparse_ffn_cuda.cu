@@ -272,7 +272,7 @@ template <typename KeyAt, typename Take> __device__ void block_top_k(KeyAt key_a
 __global__ void count_positives_kernel(const float * act, int64_t stride, int64_t n_load, unsigned long long * total) {
     const float * a = act + (int64_t) blockIdx.x * stride;
     int positives = 0;
-    for (int64_t i = threadIdx.x; i < n_load; i += blockDim.x) positives += a[i] > 0.0f;
+    for (int64_t i = threadIdx.x; i < n_load; i += blockDim.x) positives += si_rule::is_positive(a[i]);
     positives = warp_reduce_sum(positives);
     if (threadIdx.x % WARP_SIZE == 0) atomicAdd(total, (unsigned long long) positives);
 }

@@ -46,6 +46,9 @@ SHAPES: dict[str, ModelShape] = {
     "tiny-qwen2": ModelShape(arch="qwen2", n_embd=64, n_ff=160, n_layer=3, n_head=8, n_head_kv=2, tied_embeddings=True),
     "tiny-gemma3": ModelShape(arch="gemma3", n_embd=64, n_ff=128, n_layer=3, n_head=4, n_head_kv=1, rms_norm_eps=1e-6,
                               tied_embeddings=True),
+    # the default model's shape (SmolLM2-135M): the GPU check's end-to-end tests, where the file cannot travel
+    "smollm2-135m": ModelShape(n_vocab=49152, n_embd=576, n_ff=1536, n_layer=30, n_head=9, n_head_kv=3,
+                               n_ctx_train=8192, rope_freq_base=100000.0, tied_embeddings=True),
     # paper-scale shapes (random weights measure speed and memory honestly)
     "llama-3.2-1b": ModelShape(n_vocab=128256, n_embd=2048, n_ff=8192, n_layer=16, n_head=32, n_head_kv=8,
                                n_ctx_train=131072, rope_freq_base=500000.0, tied_embeddings=True),
