@@ -83,7 +83,7 @@ setup() {
   local inner
   inner=$("$VPY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") || return 1
   # (a line of a .pth file that starts with `import` runs: addsitedir also reads their .pth files)
-  "$PY" -c "import sys; print('import site; [site.addsitedir(p) for p in %r]' % [p for p in sys.path if p.endswith(('site-packages', 'dist-packages'))])" \
+  "$PY" -c "import sys; print('import site; list(map(site.addsitedir, %r))' % [p for p in sys.path if p.endswith(('site-packages', 'dist-packages'))])" \
     > "$inner/device_check_image.pth" || return 1
   "$PY" -m pip --python "$VPY" install -q --no-index --no-deps "$PREPARED"/wheels/*.whl || return 1
   "$VPY" -c "import numpy, pytest, pybind11, scikit_build_core, tqdm, safetensors, gguf; print('python', __import__('sys').version.split()[0], 'numpy', numpy.__version__, 'pytest', pytest.__version__)" || return 1
