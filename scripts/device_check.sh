@@ -241,6 +241,7 @@ run() {
     esac
   done
   [ ${#phases[@]} -gt 0 ] || phases=("${ALL_PHASES[@]}")
+  [[ " ${phases[*]} " == *" setup "* ]] || phases=(setup "${phases[@]}")  # every other phase runs in its venv
   for arg in "${phases[@]}"; do [ -n "${MIN_SECONDS[$arg]:-}" ] || { echo "unknown phase $arg" >&2; usage; }; done
   mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
   export OUT PY START=$(date +%s) BUDGET=$(( SCALE * budget ))
@@ -313,7 +314,7 @@ rehearse() {
     esac
   done
   local root=$REPO/build/rehearse
-  out=${out:-$root/out}
+  out=$(realpath -m "${out:-$root/out}")
   set -e
   [ -d "$PREPARED/llama-src" ] && [ -d "$PREPARED/data" ] || prepare
   # the image: a venv holding only the image's packages, the python the GPU machine's check runs

@@ -123,3 +123,12 @@ def test_cli_unknown_model_name(selectinfer_cmd):
     proc = selectinfer_cmd("pull", "no-such-model")
     assert proc.returncode == 1
     assert proc.stderr.strip() == "selectinfer: error: unknown model 'no-such-model'; known models: gemma3-270m, smollm2-135m"
+
+
+def test_cli_prompt_file_that_is_not_text(cli, tiny_model, tmp_path):
+    binary = tmp_path / "prompt.bin"
+    binary.write_bytes(b"the capital of \xff\xfe\x00\x01 is")
+    proc = cli("-m", tiny_model("tiny-llama", "F32"), "-f", binary)
+    assert proc.returncode != 0
+    assert f"the prompt file {binary} is not UTF-8 text (byte 15)" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -322,8 +322,10 @@ def test_unsupported_architecture_and_inputs(tmp_path):
 
 def test_unwritable_output_and_reconversion(models, tmp_path):
     src = models("tiny-llama", "F32")
-    with pytest.raises(ConvertError, match="does not exist or is not writable"):
+    with pytest.raises(OSError, match="does not exist or is not writable"):
         convert(src, tmp_path / "no-such-dir" / "o.gguf", ranking="random", progress=False)
+    with pytest.raises(IsADirectoryError, match=f"cannot write {tmp_path}: it is a folder; give a file path"):
+        convert(src, tmp_path, ranking="random", progress=False)
     out = tmp_path / "si.gguf"
     convert(src, out, ranking="random", progress=False)
     with pytest.raises(ConvertError, match="already a SelectInfer GGUF"):

@@ -74,12 +74,26 @@ def test_next_gamma_stays_between_the_trials_that_fit_and_those_that_do_not():
     assert prepare.next_gamma(fits, over, 99_000, step, n_ff, gamma_of) is None
 
 
-def test_a_budget_nothing_fits_says_what_the_process_needs(wide_model, cache, tmp_path):
+def test_a_budget_nothing_fits_says_what_the_process_needs(wide_model, cache, tmp_path, monkeypatch):
+    def no_profiling(*args, **kwargs):
+        raise AssertionError("profiled for a budget that no file fits")
+
+    monkeypatch.setattr(prepare, "cached_profile", no_profiling)  # refused at once, before profiling
     with pytest.raises(ConvertError, match="no load ratio fits .* besides the weights"):
         prepare.prepare(wide_model, tmp_path / "none.gguf", task="text", memory_budget="30M", layers="0:3",
                         dataset_specs=[cache], max_prompts=3, max_new_tokens=4, n_ctx=256, n_threads=1,
                         progress=False)
     assert not (tmp_path / "none.gguf").exists()
+
+
+def test_a_budget_below_the_smallest_files_weights_is_refused_without_a_run(wide_model, tmp_path, monkeypatch):
+    def no_run(*args, **kwargs):
+        raise AssertionError("ran the model for a budget that the weights alone exceed")
+
+    monkeypatch.setattr(prepare, "measure_peak_rss", no_run)
+    monkeypatch.setattr(prepare, "cached_profile", no_run)
+    with pytest.raises(ConvertError, match="no load ratio fits 1 KiB: the smallest file's weights alone"):
+        prepare.prepare(wide_model, tmp_path / "none.gguf", task="text", memory_budget="1K", progress=False)
 
 
 def test_budget_or_ratio_is_required(tiny_model, tmp_path):

@@ -108,7 +108,13 @@ std::string read_file(const std::string & path) {
     if (!f) usage_error("cannot read prompt file " + path);
     std::stringstream ss;
     ss << f.rdbuf();
-    return ss.str();
+    const std::string text = ss.str();
+    const size_t bad = invalid_utf8_at(text);
+    if (bad != std::string::npos) {
+        usage_error("the prompt file " + path + " is not UTF-8 text (byte " + std::to_string(bad) +
+                    "): give a text file with -f, or the prompt with -p");
+    }
+    return text;
 }
 
 template <typename T> T parse_number(const std::string & flag, const std::string & value) {

@@ -53,23 +53,29 @@ void log_callback(ggml_log_level level, const char * text, void * /*user_data*/)
     }
 }
 
+// The length of the UTF-8 sequence at s[i], 0 where it is not one: the shortest form only, no
+// surrogates, nothing above U+10FFFF.
+size_t utf8_sequence_at(const std::string & s, size_t i) {
+    const unsigned char c = s[i];
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = n > 0 && i + n <= s.size();
+    uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
+    for (size_t k = 1; ok && k < n; ++k) {
+        ok = ((unsigned char) s[i + k] >> 6) == 0x2;
+        cp = (cp << 6) | ((unsigned char) s[i + k] & 0x3F);
+    }
+    const uint32_t lowest[5] = {0, 0, 0x80, 0x800, 0x10000};
+    ok = ok && cp >= lowest[n] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    return ok ? n : 0;
+}
+
 // Text from a file (a key or tensor name in an error) may not be UTF-8; Python could not even
 // raise the error with it. Invalid bytes become U+FFFD.
 std::string valid_utf8(const std::string & s) {
     std::string out;
     for (size_t i = 0; i < s.size();) {
-        const unsigned char c = s[i];
-        const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-        bool ok = n > 0 && i + n <= s.size();
-        uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
-        for (size_t k = 1; ok && k < n; ++k) {
-            ok = ((unsigned char) s[i + k] >> 6) == 0x2;
-            cp = (cp << 6) | ((unsigned char) s[i + k] & 0x3F);
-        }
-        // the shortest form only, no surrogates, nothing above U+10FFFF
-        const uint32_t lowest[5] = {0, 0, 0x80, 0x800, 0x10000};
-        ok = ok && cp >= lowest[n] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
-        if (ok) {
+        const size_t n = utf8_sequence_at(s, i);
+        if (n > 0) {
             out.append(s, i, n);
             i += n;
         } else {
@@ -145,6 +151,13 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }
 
 }  // namespace
+
+size_t invalid_utf8_at(const std::string & s) {
+    for (size_t i = 0, n; i < s.size(); i += n) {
+        if ((n = utf8_sequence_at(s, i)) == 0) return i;
+    }
+    return std::string::npos;
+}
 
 void init_backends() {
     static std::once_flag once;

@@ -85,6 +85,9 @@ struct ChatMessage {
 // at run time, loaded from the folder of this library); every entry point calls it.
 void init_backends();
 
+// The offset of the first byte of s that is not part of valid UTF-8, or npos where s is UTF-8.
+size_t invalid_utf8_at(const std::string & s);
+
 // Resident set size of this process (now, peak) in bytes, from /proc.
 std::pair<uint64_t, uint64_t> process_rss_bytes();
 

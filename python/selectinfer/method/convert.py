@@ -48,7 +48,7 @@ from gguf import GGMLQuantizationType
 from tqdm import tqdm
 
 from .. import _native
-from ..runtime.paths import atomic_path, sha256_file
+from ..runtime.paths import atomic_path, check_writable_file, sha256_file
 from ..runtime.si_format import ARCHITECTURES, DEFAULT_COMPUTE_RATIO, DEFAULT_TOKEN_RATIO, FORMAT_VERSION, entry, key
 from .profiles import Profile
 
@@ -574,7 +574,7 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
     model in another weight type: the evaluation's quantized SelectInfer files).
     predictor_rank > 0 adds each sparsified layer's gate predictor of that rank (a multiple of 32;
     needs `profile` with FFN input moments, also with ranking 'random')."""
-    model_path, output = Path(model_path), Path(output)
+    model_path, output = Path(model_path), check_writable_file(output)
     if not model_path.is_file():
         raise FileNotFoundError(f"model file not found: {model_path}")
     if strategy not in _native.STRATEGIES:
@@ -613,9 +613,6 @@ def convert(model_path: str | os.PathLike, output: str | os.PathLike, *, profile
     if predictor_rank > 0:
         check_predictor_fits(predictor_rank, src, plans)
 
-    out_dir = output.parent if str(output.parent) else Path(".")
-    if not out_dir.is_dir() or not os.access(out_dir, os.W_OK):
-        raise ConvertError(f"cannot write {output}: folder {out_dir} does not exist or is not writable")
     source_digest = _Sha256InBackground(model_path)
     widths = [len(plans[il].neuron_ids) if il in plans else n_ff for il in range(n_layer)]
     keys = [

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime.child_run import Config, RunRequest, run_in_child
-from ..runtime.paths import cache_dir, sha256_file
+from ..runtime.paths import cache_dir, check_writable_file, sha256_file
 
 MAX_FIT_ROUNDS = 8
 CLOSE_BELOW = 0.02  # a fitted process peaks within 2% below the budget, where the file's steps allow
@@ -109,6 +109,17 @@ class Prepared:
     budget_bytes: int | None
 
 
+def no_fit_message(budget: int, n_ctx: int, rest_bytes: int | None) -> str:
+    """Why no file fits `budget`; rest_bytes None: the smallest file's weights alone exceed it."""
+    size = f"{budget / 2**20:.0f} MiB" if budget >= 2**20 else f"{budget / 2**10:.0f} KiB"
+    if rest_bytes is None:
+        return (f"no load ratio fits {size}: the smallest file's weights alone take more (the attention, embeddings "
+                "and static neurons stay whole); give a larger budget or a lower --static-ratio")
+    return (f"no load ratio fits {size} at a context of {n_ctx} tokens: besides the weights, the "
+            f"process needs about {rest_bytes / 2**20:.0f} MiB (KV cache, buffers, runtime); give a larger budget, "
+            "a smaller --ctx-size, or a lower --static-ratio")
+
+
 def prepare(model_path: str | os.PathLike, output: str | os.PathLike, *, task: str = "qa",
             memory_budget: str | None = None, load_ratio: float | None = None, static_ratio: float = 0.3,
             layers: str | None = None, dataset_specs: list[str] | None = None, max_prompts: int = 40,
@@ -121,9 +132,26 @@ def prepare(model_path: str | os.PathLike, output: str | os.PathLike, *, task: s
 
     if (memory_budget is None) == (load_ratio is None):
         raise ValueError("give either a memory budget (--memory-budget 3G) or a load ratio (--load-ratio 0.7)")
-    model_path, output = Path(model_path), Path(output)
+    model_path, output = Path(model_path), check_writable_file(output)
     if not model_path.is_file():
         raise FileNotFoundError(f"model file not found: {model_path}")
+    if memory_budget is not None:  # whether any file can fit is known from the file: before profiling
+        budget = parse_size(memory_budget)
+        src = SourceGGUF(model_path)
+        arch = src.get("general.architecture")
+        n_ff, n_layer = int(src.get(f"{arch}.feed_forward_length")), int(src.get(f"{arch}.block_count"))
+        layer_range = parse_layers(layers, n_layer)
+        ceiling = int((1 - NOISE_MARGIN) * budget)  # what a trial must peak under to count as fitting
+        target = int((1 - (CLOSE_BELOW + NOISE_MARGIN) / 2) * budget)
+        try:  # the weights alone, before a run measures the rest
+            fit_load_ratio(src, layer_range, n_ff, static_ratio, target)
+        except ConvertError:
+            raise ConvertError(no_fit_message(budget, n_ctx, None)) from None
+        rest = measure_peak_rss(model_path, n_ctx, n_threads) - model_path.stat().st_size  # KV, buffers, runtime
+        try:
+            gamma = fit_load_ratio(src, layer_range, n_ff, static_ratio, target - rest)
+        except ConvertError:
+            raise ConvertError(no_fit_message(budget, n_ctx, rest)) from None
     if profile is None:
         profile = cached_profile(model_path, dataset_specs, max_prompts=max_prompts, max_new_tokens=max_new_tokens,
                                  n_threads=n_threads, progress=progress)
@@ -137,22 +165,10 @@ def prepare(model_path: str | os.PathLike, output: str | os.PathLike, *, task: s
         write(load_ratio)
         return Prepared(output, profile, load_ratio, output.stat().st_size, None, None)
 
-    budget = parse_size(memory_budget)
-    src = SourceGGUF(model_path)
-    arch = src.get("general.architecture")
-    n_ff, n_layer = int(src.get(f"{arch}.feed_forward_length")), int(src.get(f"{arch}.block_count"))
-    layer_range = parse_layers(layers, n_layer)
-    rest = measure_peak_rss(model_path, n_ctx, n_threads) - model_path.stat().st_size  # KV, buffers, runtime
-    ceiling = int((1 - NOISE_MARGIN) * budget)  # what a trial must peak under to count as fitting
-    target = int((1 - (CLOSE_BELOW + NOISE_MARGIN) / 2) * budget)
     step = neuron_step(n_ff)  # a file's gammas are k * step / n_ff
-    try:
-        gamma = fit_load_ratio(src, layer_range, n_ff, static_ratio, target - rest)
-    except ConvertError:
-        gamma = None
     fits, over = {}, {}  # gamma -> (file bytes, measured peak), at or under the budget / over it
     written = None  # the gamma of the file on disk
-    for _ in range(MAX_FIT_ROUNDS if gamma is not None else 0):
+    for _ in range(MAX_FIT_ROUNDS):
         write(gamma)
         written, peak = gamma, measure_peak_rss(output, n_ctx, n_threads)
         (fits if peak <= ceiling else over)[gamma] = (output.stat().st_size, peak)
@@ -165,9 +181,7 @@ def prepare(model_path: str | os.PathLike, output: str | os.PathLike, *, task: s
     best = (max(fits), fits[max(fits)][1]) if fits else None
     if best is None:
         output.unlink(missing_ok=True)
-        raise ConvertError(f"no load ratio fits {budget / 2**20:.0f} MiB at a context of {n_ctx} tokens: besides "
-                           f"the weights, the process needs about {rest / 2**20:.0f} MiB (KV cache, buffers, "
-                           "runtime); give a larger budget, a smaller --ctx-size, or a lower --static-ratio")
+        raise ConvertError(no_fit_message(budget, n_ctx, rest))
     if written != best[0]:
         write(best[0])
     return Prepared(output, profile, best[0], output.stat().st_size, best[1], budget)

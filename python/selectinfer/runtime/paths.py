@@ -26,15 +26,24 @@ def _umask() -> int:
     return mask
 
 
+def check_writable_file(path: str | os.PathLike) -> Path:
+    """`path` as a file to write: refused at once where it is a folder, or its folder is missing or
+    not writable (before any long work that would end in writing it)."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"cannot write {path}: it is a folder; give a file path, e.g. {path / 'model.si.gguf'}")
+    if not path.parent.is_dir() or not os.access(path.parent, os.W_OK):
+        raise PermissionError(f"cannot write {path}: folder {path.parent} does not exist or is not writable")
+    return path
+
+
 @contextmanager
 def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
     """A temporary path beside `final` that becomes `final` only when the block succeeds.
 
     Readers never see a half-written file, and a failure leaves nothing behind.
     """
-    final = Path(final)
-    if not final.parent.is_dir():
-        raise FileNotFoundError(f"cannot write {final}: folder {final.parent} does not exist")
+    final = check_writable_file(final)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     os.close(fd)
     tmp = Path(tmp_name)
