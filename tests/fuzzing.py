@@ -21,7 +21,8 @@ from helpers import gguf_fields, gguf_tensors, make_si_model, write_gguf
 
 from selectinfer.runtime.si_format import key as si_key
 
-KINDS = ["value", "remove", "array", "tensor_shape", "tensor_type", "tensor_drop", "bytes", "truncate"]
+KINDS = ["value", "remove", "array", "tensor_shape", "tensor_type", "tensor_drop", "bytes", "truncate",
+         "upstream_value"]
 
 # values that break assumptions: zero, negative, huge, non-finite, wrong types
 INTS = [0, 1, -1, 2, 3, 31, 32, 63, 64, 191, 192, 193, 255, 256, 257, 4096, 2**31 - 1, -2**31, 2**32 - 1, 2**40]
@@ -82,9 +83,38 @@ def _target_keys(fields: dict) -> list[str]:
     return ours * 3 + arch
 
 
+def upstream_checked_keys(arch: str = "llama") -> list[str]:
+    """The keys of the values llama.cpp would assert on, which the engine checks before it reads
+    them (cpp/llama/file_checks.cpp, _native.FILE_CHECKS)."""
+    from selectinfer import _native
+
+    keys = []
+    for check in _native.FILE_CHECKS:
+        keys += [k.replace("{arch}", arch) for k in check["keys"].split() if "." in k]
+    return keys
+
+
+def _upstream_value(rng: random.Random, key: str, fields: dict) -> tuple:
+    """An edge value for a key llama.cpp asserts on: zero, negative, huge, NaN or infinity, a
+    per-layer array, the wrong type, or (for a string) an unknown name."""
+    vtype = fields[key][0] if key in fields else None
+    if vtype in (V.FLOAT32, V.FLOAT64):
+        return (vtype, rng.choice(FLOATS), None)
+    if vtype == V.STRING or rng.random() < 0.1:
+        return (V.STRING, rng.choice(["", "bogus", "yarn", "none", "bert", "t5"]), None)
+    if rng.random() < 0.15:
+        return (V.ARRAY, [rng.choice(INTS[:12]) for _ in range(rng.choice([1, 2, 3]))], V.UINT32)
+    if rng.random() < 0.1:
+        return (V.BOOL, rng.random() < 0.5, None)
+    t = rng.choice([V.UINT32, V.INT32, V.UINT64, V.INT64])
+    lo, hi = LIMITS[t]
+    return (t, min(hi, max(lo, rng.choice(INTS))), None)
+
+
 @dataclass
 class Base:
-    """A valid SelectInfer GGUF and its parts, the starting point of every mutant."""
+    """A valid GGUF and its parts, the starting point of every mutant: a SelectInfer file, or the
+    plain file it was converted from."""
     path: Path
     fields: dict
     tensors: list
@@ -92,9 +122,20 @@ class Base:
     header_bytes: int
 
     @classmethod
-    def make(cls, root: Path) -> "Base":
-        _, random_ranked = make_si_model(root, seed=13, layers="1:3", n_ff=256)
+    def of(cls, path: Path) -> "Base":
         from selectinfer import _native
+
+        header = _native.read_gguf_header(str(path))
+        return cls(path, gguf_fields(path), gguf_tensors(path), path.read_bytes(), int(header["data_offset"]))
+
+    @classmethod
+    def make(cls, root: Path) -> "Base":
+        return cls.make_both(root)[0]
+
+    @classmethod
+    def make_both(cls, root: Path) -> tuple["Base", "Base"]:
+        """(the SelectInfer base, the plain base)."""
+        plain, random_ranked = make_si_model(root, seed=13, layers="1:3", n_ff=256)
 
         # with neuron shares, as a profile-ranked file holds them, so that mutants reach their checks
         fields = gguf_fields(random_ranked)
@@ -106,8 +147,7 @@ class Base:
             fields[si_key("gate_rms", il)] = (V.ARRAY, [1.0 + r % 7 / 7 for r in range(n_load)], V.FLOAT32)
             fields[si_key("up_slope", il)] = (V.ARRAY, [0.5 - r % 5 / 5 for r in range(n_load)], V.FLOAT32)
         si = write_gguf(root / "si-shares.gguf", fields, gguf_tensors(random_ranked))
-        header = _native.read_gguf_header(str(si))
-        return cls(si, gguf_fields(si), gguf_tensors(si), si.read_bytes(), int(header["data_offset"]))
+        return cls.of(si), cls.of(plain)
 
 
 def mutant(base: Base, rng: random.Random, kind: str, out: Path) -> Path | None:
@@ -122,13 +162,18 @@ def mutant(base: Base, rng: random.Random, kind: str, out: Path) -> Path | None:
         out.write_bytes(bytes(data))
         return out
     fields, tensors = dict(base.fields), [dict(t) for t in base.tensors]
-    if kind == "value":
+    if kind == "upstream_value":
+        key = rng.choice(upstream_checked_keys())
+        fields[key] = _upstream_value(rng, key, fields)
+    elif kind == "value":
         fields[rng.choice(_target_keys(fields))] = _random_value(rng)
     elif kind == "remove":
         fields.pop(rng.choice(_target_keys(fields)))
     elif kind == "array":
         arrays = [k for k, (vt, _, _) in fields.items() if vt == V.ARRAY and k != "tokenizer.ggml.tokens"
                   and (k.startswith("selectinfer.") or k.startswith("llama."))]
+        # a plain file: the tokenizer's scores and token types
+        arrays = arrays or [k for k, (vt, _, _) in fields.items() if vt == V.ARRAY and k != "tokenizer.ggml.tokens"]
         key = rng.choice(arrays)
         vt, values, item = fields[key]
         fields[key] = (vt, _edit_array(rng, values, item), item)
@@ -153,21 +198,21 @@ def mutant(base: Base, rng: random.Random, kind: str, out: Path) -> Path | None:
 
 
 # The child: load each file, generate a few tokens (a prompt that selects, then sparse decode
-# steps; every other case with the profile's per-layer budgets, every third gate-guided with
-# compensation), print one line per case. Any Python exception is a clean refusal.
+# steps) in one of the modes, print one line per case. Any Python exception is a clean refusal.
+MODES = [{}, {"dense": True}, {"layer_budgets": "profile"}, {"strategy": "gate-guided"}, {"coreinfer": True}]
 WORKER = r"""
 import sys
 from selectinfer import Model
+MODES = __MODES__
 for i, line in enumerate(sys.stdin):
     path = line.strip()
     try:
-        with Model(path, n_ctx=64, n_threads=2, layer_budgets="profile" if i % 2 else None,
-                   strategy=None if i % 3 else "gate-guided") as m:
+        with Model(path, n_ctx=64, n_threads=2, **MODES[i % len(MODES)]) as m:
             m.generate("the capital of", max_tokens=3, temperature=0)
         print("ran", flush=True)
     except Exception as e:
         print("refused", type(e).__name__, str(e).replace("\n", " ")[:300], flush=True)
-"""
+""".replace("__MODES__", repr(MODES))
 
 
 @dataclass
@@ -180,12 +225,14 @@ class Report:
 def run_cases(n_cases: int, seed: int, workdir: Path, timeout_s: float = 60.0, keep: Path | None = None,
               progress: bool = False) -> Report:
     """Generates n_cases mutants from `seed` and runs them; crashing files are copied to `keep`."""
-    base = Base.make(workdir)
+    si_base, plain_base = Base.make_both(workdir)
     rng = random.Random(seed)
     report = Report()
     cases = []
     for i in range(n_cases):
         kind = KINDS[i % len(KINDS)]
+        # every third round of kinds on the plain file (its mutants exercise llama.cpp's own load)
+        base = plain_base if (i // len(KINDS)) % 3 == 2 else si_base
         path = mutant(base, rng, kind, workdir / f"case-{i:05d}.gguf")
         if path is None:
             report.outcomes[(kind, "unwritable")] += 1

@@ -93,10 +93,11 @@ def gguf_tensors(path) -> list[dict]:
              "ne": [int(d) for d in t.shape], "type": t.tensor_type} for t in GGUFReader(str(path)).tensors]
 
 
-def write_gguf(path, fields: dict, tensors: list[dict]) -> Path:
+def write_gguf(path, fields: dict, tensors: list[dict], alignment: int = 32) -> Path:
     """Writes a GGUF (version 3) from gguf_fields / gguf_tensors style values, edited as a test needs:
     any value of any type, empty arrays included (gguf-py's writer refuses those), and tensor infos
-    taken as given (a shape that does not fit the data is written as it is)."""
+    taken as given (a shape that does not fit the data is written as it is); tensor data padded to
+    `alignment` (general.alignment's default 32: a file that sets another also passes it here)."""
     from gguf import GGUFValueType as V
 
     scalar = {V.UINT8: "<B", V.INT8: "<b", V.UINT16: "<H", V.INT16: "<h", V.UINT32: "<I", V.INT32: "<i",
@@ -113,7 +114,6 @@ def write_gguf(path, fields: dict, tensors: list[dict]) -> Path:
             return struct.pack("<IQ", item, len(v)) + b"".join(value(item, x) for x in v)
         return struct.pack(scalar[vtype], v)
 
-    alignment = 32  # general.alignment's default; the files edited here do not set it
     out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(fields)))
     for key, (vtype, v, item) in fields.items():
         out += string(key) + struct.pack("<I", vtype) + value(vtype, v, item)

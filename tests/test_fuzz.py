@@ -1,9 +1,10 @@
-"""Fuzzing: a few hundred seeded mutants of a SelectInfer GGUF, each loaded and run in a child
-process; every outcome is a clean exception or a run, never a signal or a hang
+"""Fuzzing: a few hundred seeded mutants of a SelectInfer GGUF and of its plain source, each loaded
+and run in a child process in one of the modes (default, dense, per-layer budgets, gate-guided,
+CoreInfer); every outcome is a clean exception or a run, never a signal or a hang
 (scripts/fuzz_si_gguf.py runs as many as asked)."""
 from fuzzing import run_cases, summary
 
-N_CASES = 320  # 40 of each mutation kind
+N_CASES = 360  # 40 of each mutation kind, a third of them on the plain file
 
 
 def test_mutated_selectinfer_ggufs_never_crash(tmp_path):

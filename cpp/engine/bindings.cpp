@@ -1,6 +1,7 @@
 // selectinfer._native: a thin binding of engine.h. The Python API (python/selectinfer/runtime/model.py)
 // builds the user-facing Model on top of it.
 #include "engine.h"
+#include "file_checks.h"
 #include "gguf_meta.h"
 #include "quant_rows.h"
 
@@ -154,6 +155,13 @@ PYBIND11_MODULE(_native, m) {
     }
     py::list architectures;
     for (const char * a : kArchitectures) architectures.append(a);
+    // the values llama.cpp would assert on, checked before it reads them (file_checks.h)
+    py::list file_checks;
+    for (const FileCheck & c : selectinfer::file_checks()) {
+        file_checks.append(py::dict(py::arg("keys") = c.keys, py::arg("allowed") = c.allowed,
+                                    py::arg("aborts_in") = c.aborts_in));
+    }
+    m.attr("FILE_CHECKS") = py::tuple(file_checks);
     m.attr("FORMAT") = py::dict(py::arg("version") = kFormatVersion, py::arg("keys") = keys,
                                 py::arg("compute_ratio") = kDefaultComputeRatio,
                                 py::arg("token_ratio") = kDefaultTokenRatio,

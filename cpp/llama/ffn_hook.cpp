@@ -2,6 +2,7 @@
 #include "ffn_hook.h"
 
 #include "activation_stats.h"
+#include "file_checks.h"
 #include "model_tensors.h"
 #include "neuron_selection.h"
 #include "si_gguf.h"
@@ -72,6 +73,12 @@ bool selectinfer_adapters_supported(void * hooks, llama_adapter_lora ** adapters
     return true;
 }
 
+void selectinfer_check_file(const llama_model_loader & loader) {
+    std::vector<selectinfer::FileTensor> tensors;
+    for (const auto & [name, weight] : loader.weights_map) tensors.push_back({weight.tensor, weight.offs});
+    selectinfer::check_file_values(loader.metadata, tensors);
+}
+
 void selectinfer_split_static_rows(llama_model_loader & loader) {
     selectinfer::split_static_rows(loader);
 }
@@ -85,7 +92,6 @@ bool selectinfer_create_ffn_tensors(llama_model_base & model, llama_layer & laye
 }
 
 std::shared_ptr<const void> selectinfer_model_loaded(const llama_model & model, const llama_model_loader & loader) {
-    selectinfer::check_model(model);
     return selectinfer::read_si_model_info(model, loader);
 }
 

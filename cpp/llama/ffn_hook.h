@@ -47,6 +47,11 @@ struct llama_adapter_lora;
 bool selectinfer_adapters_supported(void * hooks, llama_adapter_lora ** adapters, size_t n_adapters,
                                     const float * scales);
 
+// Before llama.cpp reads a file's hyperparameters (0009): the values it would assert on
+// (file_checks.h), for every file. Throws std::runtime_error naming the key; the load fails.
+struct llama_model_loader;
+void selectinfer_check_file(const llama_model_loader & loader);
+
 // Before llama.cpp creates a model's tensors (0002): the static rows of each SelectInfer layer's
 // gate and up become tensors of their own, which ggml may repack, and the other rows
 // `ffn_gate_dyn` and `ffn_up_dyn` (si_gguf.h). Nothing is read yet: a layer whose tensors do not
@@ -63,9 +68,8 @@ struct llama_layer;
 bool selectinfer_create_ffn_tensors(llama_model_base & model, llama_layer & layer, int il, int64_t n_embd, int64_t n_ff,
                                     const void * selection);
 
-// After llama.cpp has loaded a model's tensors (0002): checks any model (model_tensors.h) and
-// returns the validated SelectInfer description of the model (si_gguf.h), or null for a dense
-// model. Throws std::runtime_error naming the tensor, key or layer when the file is inconsistent;
+// After llama.cpp has loaded a model's tensors (0002): returns the validated SelectInfer
+// description of the model (si_gguf.h), or null for a dense model. Throws std::runtime_error naming the tensor, key or layer when the file is inconsistent;
 // the load fails.
 std::shared_ptr<const void> selectinfer_model_loaded(const llama_model & model, const llama_model_loader & loader);
 

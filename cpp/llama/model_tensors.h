@@ -1,6 +1,5 @@
-// A loaded model's tensors (any GGUF, dense or SelectInfer): the checks llama.cpp leaves to the
-// kernels, where a file with the wrong tensor types would crash (a matrix of integers reaches a
-// null dot product, a quantized norm an assertion), and where the weights ended up.
+// A loaded model's tensors (any GGUF, dense or SelectInfer): where the weights ended up, and the
+// pages of the mapping that a copy made redundant. (Their types are checked before the load: file_checks.h.)
 #pragma once
 
 #include <cstdint>
@@ -12,11 +11,6 @@ struct llama_model;
 struct llama_model_loader;
 
 namespace selectinfer {
-
-// Every matrix has a type the CPU kernels multiply (a dot product and a conversion to float),
-// every vector is F32, and the normalization epsilons are numbers >= 0 (ggml asserts it). Throws
-// std::runtime_error naming the tensor or key; the load fails. Runs from the loader hook (ffn_hook.h).
-void check_model(const llama_model & model);
 
 // With the weights mapped from the file, ggml still copies some into other buffers (repacked for
 // AMX or CPU_REPACK, or on a GPU); their pages of the mapping stay resident, a second copy of the

@@ -2,6 +2,7 @@
 #include "si_gguf.h"
 
 #include "gguf.h"
+#include "gguf_values.h"
 #include "llama-model-loader.h"
 #include "llama-model.h"
 
@@ -41,34 +42,6 @@ constexpr const char * kUpRms        = key::up_rms.name;         // + layer; opt
 
 std::string layer_key(const char * prefix, int il) {
     return prefix + std::to_string(il);
-}
-
-bool is_integer(gguf_type t) {
-    switch (t) {
-        case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16:
-        case GGUF_TYPE_UINT32: case GGUF_TYPE_INT32: case GGUF_TYPE_UINT64: case GGUF_TYPE_INT64:
-            return true;
-        default:
-            return false;
-    }
-}
-
-// Reads integer element i of a value (scalar: i = 0) or array of any integer type.
-int64_t integer_at(const void * data, gguf_type t, size_t i) {
-    switch (t) {
-        case GGUF_TYPE_UINT8:  return ((const uint8_t *) data)[i];
-        case GGUF_TYPE_INT8:   return ((const int8_t *) data)[i];
-        case GGUF_TYPE_UINT16: return ((const uint16_t *) data)[i];
-        case GGUF_TYPE_INT16:  return ((const int16_t *) data)[i];
-        case GGUF_TYPE_UINT32: return ((const uint32_t *) data)[i];
-        case GGUF_TYPE_INT32:  return ((const int32_t *) data)[i];
-        case GGUF_TYPE_UINT64: {
-            const uint64_t v = ((const uint64_t *) data)[i];
-            return v > (uint64_t) INT64_MAX ? INT64_MAX : (int64_t) v;
-        }
-        case GGUF_TYPE_INT64:  return ((const int64_t *) data)[i];
-        default:               return 0;
-    }
 }
 
 class Metadata {
