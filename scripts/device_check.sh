@@ -65,6 +65,8 @@ for name in ("botchan", "capitals-qa"):
     load_corpus(name)
     shutil.copy(corpus_path(name), sys.argv[1])
 EOF
+  # the commit, for the summary: the copy that travels may have no .git
+  git describe --always --dirty > "$PREPARED/commit.txt" 2>/dev/null || rm -f "$PREPARED/commit.txt"
   echo "device_check: prepared $PREPARED ($(du -sh "$PREPARED" | cut -f1)); carry build/device-check"
 }
 
@@ -212,6 +214,9 @@ if os.path.exists(phases_tsv):
         name, status, seconds, limit = line.rstrip("\n").split("\t")
         phases.append({"phase": name, "status": status, "seconds": int(seconds), "limit_seconds": int(limit)})
 commit = subprocess.run(["git", "-C", repo, "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
+prepared_at = os.path.join(repo, "build", "device-check", "commit.txt")
+if not commit and os.path.exists(prepared_at):
+    commit = open(prepared_at).read().strip() + " (when prepared)"
 summary = {"gpu": open(gpu_txt).read().strip() if os.path.exists(gpu_txt) else "", "commit": commit or "unknown",
            "cpu_cores": os.cpu_count(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(start))),
            "budget_seconds": int(budget), "elapsed_seconds": int(time.time()) - int(start), "phases": phases,
@@ -317,6 +322,7 @@ rehearse() {
   out=$(realpath -m "${out:-$root/out}")
   set -e
   [ -d "$PREPARED/llama-src" ] && [ -d "$PREPARED/data" ] || prepare
+  git describe --always --dirty > "$PREPARED/commit.txt"
   # the image: a venv holding only the image's packages, the python the GPU machine's check runs
   if [ ! -x "$root/image/bin/python" ]; then
     python3 -m venv "$root/image"
