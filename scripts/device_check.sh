@@ -97,6 +97,26 @@ setup() {
     echo "no nvidia-smi" > "$WORK/gpu.txt"
   fi
   cmake --version | head -1 && ninja --version && nvcc --version | tail -1
+  cublas_env > "$WORK/env.sh" && cat "$WORK/env.sh"
+}
+
+# Where the CUDA toolkit beside nvcc has no cuBLAS, NVIDIA's pip package of it (the GPU image has
+# one, as torch's dependency): the CMake arguments that name it and the library path to load it,
+# as shell lines every later phase reads.
+cublas_env() {
+  local root lib
+  root=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+  if compgen -G "$root/lib64/libcublas.so*" > /dev/null || compgen -G "$root/lib/libcublas.so*" > /dev/null ||
+     compgen -G "$root/targets/*/lib/libcublas.so*" > /dev/null; then
+    return 0
+  fi
+  lib=$("$VPY" -c "import glob, sys; print(next((f for d in sys.path for f in sorted(glob.glob(d + '/nvidia/cu*/lib/libcublas.so.*'))), ''))")
+  [ -n "$lib" ] || { echo "# no cuBLAS beside nvcc ($root) nor in a pip package: the build will say so"; return 0; }
+  local dir inc
+  dir=$(dirname "$lib") inc=$(dirname "$(dirname "$lib")")/include
+  echo "# cuBLAS from NVIDIA's pip package ($dir): the CUDA toolkit beside nvcc has none"
+  echo "export LD_LIBRARY_PATH=$dir\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+  echo "CUBLAS_CMAKE_ARGS='-DCUDA_cublas_LIBRARY=$lib -DCUDA_cublasLt_LIBRARY=$(ls "$dir"/libcublasLt.so.* | head -1) -DCMAKE_CUDA_FLAGS=-I$inc -DCMAKE_CXX_FLAGS=-I$inc'"
 }
 
 cuda_architecture() {  # this GPU's compute capability as CMake names it (9.0 -> 90), else native
@@ -115,7 +135,7 @@ build() {
   else
     # flash attention's kernels are left out: the check does not use them and they double the build
     SELECTINFER_CUDA=${DEVICE_CHECK_CUDA:-ON} CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-    CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=$(cuda_architecture) -DGGML_CUDA_FA=OFF ${CMAKE_ARGS:-}" \
+    CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=$(cuda_architecture) -DGGML_CUDA_FA=OFF ${CUBLAS_CMAKE_ARGS:-} ${CMAKE_ARGS:-}" \
       "$PY" -m pip --python "$VPY" install --no-build-isolation --no-deps --no-index -v . || return 1
   fi
   "$VENV/bin/selectinfer" info
@@ -291,24 +311,6 @@ run() {
 # the packages of the GPU machine's image that the check uses
 IMAGE_PACKAGES=(numpy pytest pybind11 scikit-build-core ninja cmake tqdm safetensors matplotlib pyyaml)
 
-cublas_from_wheel() {  # cuBLAS's headers and libraries from NVIDIA's wheel, unpacked once into the cache
-  local version=13.0.2.14 cache=${SELECTINFER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/selectinfer}
-  local dir=$cache/cublas-$version
-  if [ ! -e "$dir/.complete" ]; then
-    rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
-    python3 -m pip download -q --no-deps "nvidia-cublas==$version" -d "$dir.tmp/wheel" >&2
-    python3 -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
-z.extractall(sys.argv[2], [n for n in z.namelist() if '/include/' in n or '/lib/' in n])" "$dir.tmp"/wheel/*.whl "$dir.tmp"
-    mv "$(dirname "$(find "$dir.tmp" -name cublas_v2.h)")" "$dir.tmp/include"
-    mv "$(dirname "$(find "$dir.tmp" -name 'libcublas.so.*' | head -1)")" "$dir.tmp/lib"
-    ln -s "$(basename "$dir.tmp"/lib/libcublas.so.*)" "$dir.tmp/lib/libcublas.so"
-    ln -s "$(basename "$dir.tmp"/lib/libcublasLt.so.*)" "$dir.tmp/lib/libcublasLt.so"
-    rm -rf "$dir.tmp/wheel" "$dir.tmp/nvidia" && touch "$dir.tmp/.complete"
-    rm -rf "$dir" && mv "$dir.tmp" "$dir"
-  fi
-  echo "$dir"
-}
-
 rehearse() {
   local prebuilt="" out=""
   while [ $# -gt 0 ]; do
@@ -338,13 +340,12 @@ rehearse() {
     env+=(DEVICE_CHECK_PREBUILT="$(.venv/bin/python -c 'import selectinfer, os; print(os.path.dirname(os.path.dirname(selectinfer.__file__)))')"
           DEVICE_CHECK_PREBUILT_BIN="$REPO/.venv/bin")
   else
-    # the CUDA build, for sm_90, linked against cuBLAS from NVIDIA's wheel (no GPU driver here:
-    # without CUDA's virtual memory calls, which only the driver library has)
-    local cublas
-    cublas=$(cublas_from_wheel)
+    # the CUDA build, for sm_90, linked against cuBLAS from NVIDIA's pip package in the image, as
+    # the GPU image holds it (the toolkit here has none); no GPU driver here: without CUDA's
+    # virtual memory calls, which only the driver library has
+    "$root/image/bin/python" -c "import nvidia" 2>/dev/null || "$root/image/bin/python" -m pip install -q "nvidia-cublas==13.0.2.14"
     env+=(DEVICE_CHECK_CUDA_ARCH=90 CUDACXX="$([ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc || command -v nvcc)"
-          LD_LIBRARY_PATH="$cublas/lib"
-          CMAKE_ARGS="-DGGML_CUDA_NO_VMM=ON -DCUDA_cublas_LIBRARY=$cublas/lib/libcublas.so -DCUDA_cublasLt_LIBRARY=$cublas/lib/libcublasLt.so -DCMAKE_CUDA_FLAGS=-I$cublas/include -DCMAKE_CXX_FLAGS=-I$cublas/include")
+          CMAKE_ARGS="-DGGML_CUDA_NO_VMM=ON")
   fi
   rm -rf "$root/home" && mkdir -p "$root/home"
   set +e
@@ -376,7 +377,7 @@ EOF
 case "${1:-}" in
   --prepare) prepare ;;
   --rehearse) shift; rehearse "$@" ;;
-  --phase) "$2" ;;
+  --phase) [ ! -f "$WORK/env.sh" ] || [ "$2" = setup ] || . "$WORK/env.sh"; "$2" ;;
   ""|-*) usage ;;
   *) run "$@" ;;
 esac
