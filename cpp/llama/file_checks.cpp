@@ -85,6 +85,15 @@ public:
         return out;
     }
 
+    // The number of tokens of the tokenizer (0 where absent or not a string array).
+    int64_t n_tokens() const {
+        const int64_t id = gguf_find_key(meta_, "tokenizer.ggml.tokens");
+        if (id < 0 || gguf_get_kv_type(meta_, id) != GGUF_TYPE_ARRAY || gguf_get_arr_type(meta_, id) != GGUF_TYPE_STRING) {
+            return 0;
+        }
+        return (int64_t) gguf_get_arr_n(meta_, id);
+    }
+
     // The tokenizer's token list (empty where absent or not a string array).
     std::vector<std::string> tokens() const {
         const int64_t id = gguf_find_key(meta_, "tokenizer.ggml.tokens");
@@ -294,8 +303,7 @@ const std::vector<Rule> & rules() {
         {{"tokenizer.ggml.tokens {arch}.vocab_size", "at least one token",
           "llama-model-loader.cpp: GGML_ASSERT(buf_mmap || cur->data) for an empty embedding"},
          [](const FileValues & f) -> Broken {
-             const int64_t id = gguf_find_key(f.meta(), "tokenizer.ggml.tokens");
-             if (id >= 0 && gguf_get_kv_type(f.meta(), id) == GGUF_TYPE_ARRAY && gguf_get_arr_n(f.meta(), id) == 0) {
+             if (gguf_find_key(f.meta(), "tokenizer.ggml.tokens") >= 0 && f.n_tokens() == 0) {
                  return std::string("tokenizer.ggml.tokens is empty");
              }
              return outside(f, "vocab_size", 1, INT32_MAX);
@@ -304,7 +312,7 @@ const std::vector<Rule> & rules() {
           "below the number of tokens where tokenizer.ggml.add_bos_token / add_eos_token is true",
           "llama-vocab.cpp tokenize: GGML_ASSERT(special_bos_id != LLAMA_TOKEN_NULL)"},
          [](const FileValues & f) -> Broken {
-             const auto n_tokens = (int64_t) f.tokens().size();
+             const int64_t n_tokens = f.n_tokens();
              for (const char * which : {"bos", "eos"}) {
                  const std::string id_key = std::string("tokenizer.ggml.") + which + "_token_id";
                  if (!f.flag(std::string("tokenizer.ggml.add_") + which + "_token").value_or(false)) continue;
